@@ -1,0 +1,23 @@
+"""Flide: exact forked decision inference for SGLang.
+
+One shared state, many questions answered by single-token labels, computed as
+one flat token stream in which every question sees exactly its own prompt.
+"""
+
+from .errors import FlideError, ModelLoadError, RequestError
+from .plan import FlatPlan, plan_round
+from .requests import TokenAnswer, TokenRequest
+from .runtime.engine import Engine, RoundStats
+
+__all__ = [
+    "Engine",
+    "FlatPlan",
+    "FlideError",
+    "ModelLoadError",
+    "RequestError",
+    "RoundStats",
+    "TokenAnswer",
+    "TokenRequest",
+    "plan_round",
+]
+__version__ = "0.1.0"

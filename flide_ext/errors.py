@@ -1,0 +1,44 @@
+"""Errors Flide reports to its users.
+
+Every error a request can cause names the request field at fault, so an HTTP
+route can answer 4xx with it and a CLI can print it on one line.
+"""
+
+from __future__ import annotations
+
+
+class FlideError(Exception):
+    """Base class of Flide's user-facing errors."""
+
+
+class RequestError(FlideError, ValueError):
+    """A request that cannot be answered as sent.
+
+    Attributes:
+        field: dotted path of the offending request field, e.g. ``questions[2].options``.
+        message: what is wrong with it, in words.
+    """
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+    def to_dict(self) -> dict:
+        return {"field": self.field, "message": self.message}
+
+
+class ModelLoadError(FlideError):
+    """A model path or built-in model name that cannot be loaded."""
+
+
+def field_path(loc: tuple) -> str:
+    """Render a pydantic error location ``('questions', 1, 'options')`` as
+    ``questions[1].options``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "request"

@@ -1,0 +1,1 @@
+"""Model building blocks that run over a round's flat stream."""

@@ -1,0 +1,61 @@
+"""Rotary position embedding (Su et al., 2021, "RoFormer", arXiv:2104.09864) at
+logical positions: each token rotates by its index in its own prompt, not by its
+row in the flat stream."""
+
+from __future__ import annotations
+
+import torch
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+
+def _rope_parameters(config) -> dict:
+    params = getattr(config, "rope_parameters", None) or {}
+    if not params and getattr(config, "rope_theta", None) is not None:
+        params = {"rope_type": "default", "rope_theta": config.rope_theta}
+    return params
+
+
+class RotaryEmbedding:
+    """Cos/sin tables for rotating the first ``rotary_dim`` features of each head.
+
+    The frequencies come from the model's Hugging Face config (``rope_parameters``:
+    ``rope_theta``, ``rope_type`` and its scaling fields, ``partial_rotary_factor``),
+    computed by transformers' own ``ROPE_INIT_FUNCTIONS`` for scaled types.
+    """
+
+    def __init__(self, config, head_dim: int, device: torch.device | str = "cpu"):
+        # Built on an explicit device (not the ambient one) so a model built on
+        # the meta device still gets real frequency tables.
+        params = _rope_parameters(config)
+        rope_type = params.get("rope_type", "default")
+        factor = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+        self.rotary_dim = int(head_dim * factor)
+        if rope_type == "default":
+            theta = params.get("rope_theta", 10000.0)
+            exponent = torch.arange(0, self.rotary_dim, 2, dtype=torch.int64, device=device).float()
+            self.inv_freq = 1.0 / (theta ** (exponent / self.rotary_dim))
+            self.attention_scaling = 1.0
+        else:
+            inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config, device)
+            self.inv_freq = inv_freq.float()
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``positions`` ``[T]`` int64 -> cos, sin ``[T, rotary_dim]`` in ``dtype``."""
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        cos = (emb.cos() * self.attention_scaling).to(dtype)
+        sin = (emb.sin() * self.attention_scaling).to(dtype)
+        return cos, sin
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[T, H, D]`` by ``cos``/``sin`` ``[T, R]`` on its first R features
+    (half-split pairing, as in Llama/Qwen checkpoints)."""
+    r = cos.shape[-1]
+    rot, rest = x[..., :r], x[..., r:]
+    half = r // 2
+    rotated_half = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+    out = rot * cos[:, None, :] + rotated_half * sin[:, None, :]
+    return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out

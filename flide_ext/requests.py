@@ -1,0 +1,102 @@
+"""The low-level request form: prompts as token ids plus label token ids.
+
+This is what ``/v1/score`` and ``sgl.decide`` reduce to, and what the engine
+runs: a request is a group of full prompts that may fork from each other.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import RequestError, field_path
+
+
+class TokenRequest(BaseModel):
+    """Prompts of one request, each scored at its last token.
+
+    Attributes:
+        prompts: full prompt token ids, one list per question (each non-empty).
+        label_token_ids: candidate label ids, shared by all prompts or one list per prompt.
+        temperature: scales the renormalised label probabilities only.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompts: List[List[int]] = Field(min_length=1)
+    label_token_ids: Union[List[int], List[List[int]]]
+    temperature: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+
+    def labels_for(self, i: int) -> List[int]:
+        labels = self.label_token_ids
+        return labels[i] if labels and isinstance(labels[0], list) else labels  # type: ignore[return-value]
+
+
+class TokenAnswer(BaseModel):
+    """Answers to a TokenRequest, one entry per prompt.
+
+    Attributes:
+        label_logprobs: full-vocabulary log-probability of each label (float32 math).
+        probabilities: label probabilities renormalised over the labels, with temperature.
+        label_mass: full-vocabulary probability of all labels together.
+    """
+
+    label_logprobs: List[List[float]]
+    probabilities: List[List[float]]
+    label_mass: List[float]
+    prompt_tokens: int
+    stream_tokens: Optional[int] = None
+
+
+def parse_token_request(obj) -> TokenRequest:
+    """Validate a dict (or TokenRequest) as a TokenRequest.
+
+    Raises:
+        RequestError: naming the first offending field.
+    """
+    if isinstance(obj, TokenRequest):
+        return obj
+    try:
+        return TokenRequest.model_validate(obj)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise RequestError(field_path(err["loc"]), err["msg"]) from None
+
+
+def check_token_request(request: TokenRequest, vocab_size: int, context_length: int) -> None:
+    """Check a TokenRequest against a model's vocabulary and context.
+
+    Raises:
+        RequestError: an empty prompt, an id outside ``[0, vocab_size)``, a prompt of
+            ``context_length`` tokens or more, an empty, repeated or out-of-range
+            label list, or per-prompt labels whose count differs from the prompts'.
+    """
+    labels = request.label_token_ids
+    per_prompt = bool(labels) and isinstance(labels[0], list)
+    if per_prompt and len(labels) != len(request.prompts):
+        raise RequestError(
+            "label_token_ids",
+            f"has {len(labels)} lists for {len(request.prompts)} prompts; give one list per prompt or one shared list",
+        )
+    for i, prompt in enumerate(request.prompts):
+        field = f"prompts[{i}]"
+        if not prompt:
+            raise RequestError(field, "is empty; a prompt needs at least one token")
+        if len(prompt) >= context_length:
+            raise RequestError(
+                field, f"has {len(prompt)} tokens, which does not fit the context length of {context_length} tokens"
+            )
+        bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise RequestError(field, f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+    for i in range(len(request.prompts) if per_prompt else 1):
+        field = f"label_token_ids[{i}]" if per_prompt else "label_token_ids"
+        ids = request.labels_for(i)
+        if not ids:
+            raise RequestError(field, "is empty; give at least one label token id")
+        if len(set(ids)) != len(ids):
+            raise RequestError(field, "repeats a label token id")
+        bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise RequestError(field, f"token id {bad} is outside the vocabulary [0, {vocab_size})")

@@ -1,0 +1,62 @@
+"""Tiny random-weight Hugging Face checkpoints for tests, written with transformers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def tiny_config(family: str, vocab_size: int = 512, **overrides):
+    from transformers import LlamaConfig, Qwen3Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    )
+    if family == "llama":
+        cfg = LlamaConfig(**{**common, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, **overrides})
+        cfg.architectures = ["LlamaForCausalLM"]
+    elif family == "qwen3":
+        cfg = Qwen3Config(**{**common, "head_dim": 32, **overrides})
+        cfg.architectures = ["Qwen3ForCausalLM"]
+    else:
+        raise ValueError(family)
+    return cfg
+
+
+def write_tiny_checkpoint(directory: Path, family: str, seed: int = 0, head_scale: float = 4.0, **overrides) -> Path:
+    """A float32 random model saved as an ordinary checkpoint directory.
+
+    ``head_scale`` multiplies the LM head so label distributions are peaked, as a
+    trained model's are, which makes argmax comparisons meaningful.
+    """
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = tiny_config(family, **overrides)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.1)
+        if not cfg.tie_word_embeddings:
+            model.lm_head.weight.mul_(head_scale)
+    directory = Path(directory)
+    model.save_pretrained(directory)
+    return directory
+
+
+def hf_label_logprobs(model, prompt: list[int], labels: list[int]) -> list[float]:
+    """Float32 transformers forward of the full prompt: log-probabilities of the
+    labels at its last token."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0, -1].float()
+    return torch.log_softmax(logits, -1)[labels].tolist()
