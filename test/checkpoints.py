@@ -60,3 +60,28 @@ def hf_label_logprobs(model, prompt: list[int], labels: list[int]) -> list[float
     with torch.no_grad():
         logits = model(torch.tensor([prompt])).logits[0, -1].float()
     return torch.log_softmax(logits, -1)[labels].tolist()
+
+
+CHAR_TEMPLATE = (
+    "{% for m in messages %}<|user|>{{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def write_char_tokenizer(directory: Path) -> Path:
+    """A character-level tokenizer with a chat template: every printable ASCII
+    character is one token, so ``A``..``Z`` and digits are one-token labels while
+    ``yes`` and ``no`` are not. Vocabulary size 100 (ids 0..99)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = ["\n"] + [chr(c) for c in range(32, 127)]
+    vocab = {c: i for i, c in enumerate(chars)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
+    fast.add_special_tokens({"additional_special_tokens": ["<|user|>", "<|assistant|>", "<|end|>"]})
+    fast.chat_template = CHAR_TEMPLATE
+    directory = Path(directory)
+    fast.save_pretrained(directory)
+    return directory

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ..layers.attention import ForkSelfAttention
+from ..layers.linear import Linear
 from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
 from ..layers.readout import readout_logprobs
@@ -64,7 +65,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = DecoderModel(config, self.qk_norm)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.rotary = RotaryEmbedding(config, head_dim)
 

@@ -1,0 +1,154 @@
+"""``flide`` command line.
+
+``flide decide --model PATH|smollm2-135m --input requests.jsonl [--output answers.jsonl]``
+answers a JSON-lines file of SGLang ``/v1/decisions`` requests, a round of
+``--round-size`` requests at a time, and prints the accuracy on questions that
+carry an expected answer and the tokens saved by forking.
+
+Input lines are either a bare DecisionRequest or ``{"id": ..., "request":
+DecisionRequest, "expected": {question_id: answer}}``, where an answer is an
+option name (choice), ``"yes"``/``"no"`` (yes_no) or a level index (score).
+Each output line is ``{"id": ..., "response": DecisionResponse}`` or
+``{"id": ..., "error": {"field": ..., "message": ...}}``.
+
+Exit status: 0 when every request was answered, 1 when some were refused (their
+error lines say why), 2 when the command itself cannot run (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .errors import FlideError, RequestError
+
+
+class CLIError(Exception):
+    """A command that cannot run: printed as one line, exit status 2."""
+
+
+@dataclass
+class Entry:
+    id: str
+    request: Any
+    expected: dict = field(default_factory=dict)
+    error: Optional[RequestError] = None
+
+
+def read_entries(path: str) -> list[Entry]:
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError as e:
+        raise CLIError(f"--input {path!r}: {e.strerror}") from None
+    entries = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        ident = f"line-{n}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            entries.append(Entry(ident, None, error=RequestError(f"line {n}", f"is not valid JSON: {e.msg}")))
+            continue
+        if isinstance(obj, dict) and "request" in obj:
+            entries.append(Entry(str(obj.get("id", ident)), obj["request"], obj.get("expected") or {}))
+        else:
+            entries.append(Entry(ident, obj))
+    return entries
+
+
+def predicted(answer: dict) -> str:
+    probabilities = answer["probabilities"]
+    return max(probabilities, key=probabilities.get)
+
+
+def run_decide(args) -> int:
+    from tqdm import tqdm
+
+    from . import Engine
+
+    entries = read_entries(args.input)
+    try:
+        out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    except OSError as e:
+        raise CLIError(f"--output {args.output!r}: {e.strerror}") from None
+    try:
+        engine = Engine(args.model, dtype=args.dtype, device=args.device, context_length=args.context_length)
+    except (FlideError, ValueError) as e:
+        raise CLIError(str(e)) from None
+
+    correct = total = failed = 0
+    prompt_tokens = stream_tokens = 0
+    todo = [e for e in entries if e.error is None]
+    results: dict[int, Any] = {}
+    with tqdm(total=len(todo), desc="decide", unit="req", file=sys.stderr) as bar:
+        for start in range(0, len(todo), args.round_size):
+            chunk = todo[start : start + args.round_size]
+            for entry, result in zip(chunk, engine.decide_batch([e.request for e in chunk])):
+                results[id(entry)] = result
+            prompt_tokens += engine.last_round.prompt_tokens
+            stream_tokens += engine.last_round.stream_tokens
+            bar.update(len(chunk))
+
+    for entry in entries:
+        result = entry.error or results[id(entry)]
+        if isinstance(result, RequestError):
+            failed += 1
+            line = {"id": entry.id, "error": result.to_dict()}
+        else:
+            response = result.model_dump(exclude_none=True)
+            line = {"id": entry.id, "response": response}
+            for qid, want in entry.expected.items():
+                if qid in response["answers"]:
+                    total += 1
+                    correct += predicted(response["answers"][qid]) == str(want)
+        out.write(json.dumps(line, ensure_ascii=False) + "\n")
+    if out is not sys.stdout:
+        out.close()
+
+    answered = len(entries) - failed
+    print(f"requests: {answered} answered, {failed} refused", file=sys.stderr)
+    if total:
+        print(f"accuracy: {correct}/{total} = {correct / total:.1%} of questions with an expected answer", file=sys.stderr)
+    if prompt_tokens:
+        saved = prompt_tokens - stream_tokens
+        print(
+            f"tokens: {stream_tokens} in flat streams vs {prompt_tokens} in per-question prompts "
+            f"({saved} saved by forking, {saved / prompt_tokens:.1%})",
+            file=sys.stderr,
+        )
+    return 1 if failed else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flide", description="Exact forked decision inference.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    decide = sub.add_parser("decide", help="answer a JSON-lines file of /v1/decisions requests")
+    decide.add_argument("--model", required=True, help="checkpoint directory or built-in name (smollm2-135m)")
+    decide.add_argument("--input", required=True, help="JSON-lines file of decision requests")
+    decide.add_argument("--output", help="where to write answer lines (default: stdout)")
+    decide.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    decide.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    decide.add_argument("--round-size", type=int, default=8, help="requests per round (default: 8)")
+    decide.add_argument("--context-length", type=int, default=None, help="longest prompt accepted, in tokens")
+    decide.set_defaults(func=run_decide)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "round_size", 1) < 1:
+        print("flide: error: --round-size must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        return args.func(args)
+    except CLIError as e:
+        print(f"flide: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

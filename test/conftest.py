@@ -1,0 +1,63 @@
+"""Shared fixtures: tiny random checkpoints, the real SmolLM2, their HF references."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+# The test environment is float32 on CPU; keep results independent of thread timing.
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+from checkpoints import write_char_tokenizer, write_tiny_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """``{"llama": dir, "qwen3": dir}`` of tiny random float32 checkpoints (vocab 512)."""
+    root = tmp_path_factory.mktemp("tiny")
+    return {fam: write_tiny_checkpoint(root / fam, fam, seed=i) for i, fam in enumerate(["llama", "qwen3"])}
+
+
+@pytest.fixture(scope="session")
+def tiny_engines(tiny_dirs):
+    from flide_ext import Engine
+
+    return {fam: Engine(str(d)) for fam, d in tiny_dirs.items()}
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tiny_dirs):
+    from transformers import AutoModelForCausalLM
+
+    return {
+        fam: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval() for fam, d in tiny_dirs.items()
+    }
+
+
+@pytest.fixture(scope="session")
+def char_model_dir(tmp_path_factory):
+    """A tiny random Llama with the character-level chat tokenizer, for decision
+    requests without a large tokenizer."""
+    d = tmp_path_factory.mktemp("charllama")
+    write_tiny_checkpoint(d, "llama", seed=7, vocab_size=128)
+    write_char_tokenizer(d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine():
+    from flide_ext import Engine
+
+    return Engine("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_engine):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm2_engine.path, dtype=torch.float32).eval()
