@@ -12,12 +12,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Dict, List
+import warnings
 
 from pydantic import ValidationError
-from sglang.srt.entrypoints.openai import serving_decisions as sgl_decisions
-from sglang.srt.entrypoints.openai.protocol import DecisionRequest, DecisionResponse, UsageInfo
-from sglang.srt.managers.tokenizer_manager_score_mixin import TokenizerManagerScoreMixin
-from sglang.srt.parser.template_detection import detect_reasoning_pattern
+
+with warnings.catch_warnings():
+    # SGLang's import chain warns that GPU quantisation kernels are absent on CPU;
+    # Flide uses none of them.
+    warnings.filterwarnings("ignore", message="Only CUDA", category=UserWarning)
+    from sglang.srt.entrypoints.openai import serving_decisions as sgl_decisions
+    from sglang.srt.entrypoints.openai.protocol import DecisionRequest, DecisionResponse, UsageInfo
+    from sglang.srt.managers.tokenizer_manager_score_mixin import TokenizerManagerScoreMixin
+    from sglang.srt.parser.template_detection import detect_reasoning_pattern
 
 from .errors import RequestError, field_path
 
@@ -132,7 +138,7 @@ class DecisionRenderer:
             if len(prompt_ids) >= self.context_length:
                 raise RequestError(
                     "input",
-                    f"question {question.id!r}'s prompt has {len(prompt_ids)} tokens, which does not fit "
+                    f"the prompt of question {question.id!r} has {len(prompt_ids)} tokens, which does not fit "
                     f"the context length of {self.context_length} tokens",
                 )
             try:

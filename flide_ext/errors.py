@@ -37,6 +37,8 @@ def field_path(loc: tuple) -> str:
     ``questions[1].options``."""
     out = ""
     for part in loc:
+        if isinstance(part, str) and "[" in part:
+            continue  # a union member's type tag such as 'list[int]', not a field
         if isinstance(part, int):
             out += f"[{part}]"
         else:

@@ -1,0 +1,75 @@
+"""``flide decide``, run as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).parent.parent / "examples" / "decisions.jsonl"
+
+
+def flide(*args, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", "flide_ext.cli", *args], capture_output=True, text=True, cwd=cwd,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=600,
+    )
+
+
+def test_main_job_on_the_bundled_examples(tmp_path, smollm2_engine):
+    out = tmp_path / "answers.jsonl"
+    run = flide("decide", "--model", "smollm2-135m", "--input", str(EXAMPLES), "--output", str(out))
+    assert run.returncode == 0, run.stderr
+    entries = [json.loads(line) for line in EXAMPLES.read_text().splitlines()]
+    answers = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(entries) >= 20 and [a["id"] for a in answers] == [e["id"] for e in entries]
+    correct = total = 0
+    for entry, answer in zip(entries, answers):
+        got = answer["response"]["answers"]
+        assert list(got) == [q["id"] for q in entry["request"]["questions"]]
+        for qid, want in entry["expected"].items():
+            probs = got[qid]["probabilities"]
+            total += 1
+            correct += max(probs, key=probs.get) == str(want)
+    match = re.search(r"accuracy: (\d+)/(\d+)", run.stderr)
+    assert match and (int(match[1]), int(match[2])) == (correct, total), run.stderr
+    tokens = re.search(r"tokens: (\d+) in flat streams vs (\d+) in per-question prompts", run.stderr)
+    assert tokens and int(tokens[1]) < int(tokens[2])
+
+
+def test_refused_lines_are_reported_and_the_rest_answered(tmp_path, char_model_dir):
+    lines = [
+        json.dumps({"id": "good", "request": {"input": "Sky", "questions": [
+            {"id": "c", "type": "choice", "question": "Colour?", "options": [{"name": "blue"}, {"name": "red"}]}]}}),
+        "{not json",
+        json.dumps({"id": "dup", "request": {"input": "Sky", "questions": [
+            {"id": "c", "type": "choice", "question": "?", "options": [{"name": "a"}, {"name": "b"}]},
+            {"id": "c", "type": "choice", "question": "?", "options": [{"name": "a"}, {"name": "b"}]}]}}),
+    ]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    run = flide("decide", "--model", str(char_model_dir), "--input", str(src))
+    assert run.returncode == 1
+    out = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [o["id"] for o in out] == ["good", "line-2", "dup"]
+    assert set(out[0]["response"]["answers"]) == {"c"}
+    assert out[1]["error"]["field"] == "line 2"
+    assert out[2]["error"]["field"] == "questions"
+    assert "1 answered, 2 refused" in run.stderr
+
+
+def test_unknown_model_is_one_line_and_exit_2(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text("{}\n")
+    run = flide("decide", "--model", str(tmp_path / "nope"), "--input", str(src))
+    assert run.returncode == 2
+    assert run.stderr.strip().count("\n") == 0 and run.stderr.startswith("flide: error: model ")
+
+
+def test_missing_input_file_is_one_line_and_exit_2(tmp_path, char_model_dir):
+    run = flide("decide", "--model", str(char_model_dir), "--input", str(tmp_path / "missing.jsonl"))
+    assert run.returncode == 2
+    assert run.stderr.strip().count("\n") == 0 and "--input" in run.stderr

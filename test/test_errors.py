@@ -1,0 +1,104 @@
+"""Bad input gets a clear error naming the field, and nothing else in the round
+is affected."""
+
+from __future__ import annotations
+
+import pytest
+
+from flide_ext import Engine, ModelLoadError, RequestError
+
+
+def choice(qid="q", n=3, question="Which one?"):
+    return {"id": qid, "type": "choice", "question": question, "options": [{"name": f"opt{i}"} for i in range(n)]}
+
+
+def score(qid="s", n=3):
+    return {"id": qid, "type": "score", "question": "How much?", "levels": [f"level {i}" for i in range(n)]}
+
+
+GOOD = [
+    {"input": "The cat sat on the mat.", "questions": [choice("a"), choice("b", 4, "Pick"), score("c")]},
+    {"input": "Rain is wet.", "questions": [choice("x", 2)]},
+]
+
+BAD = {
+    "no questions": ({"input": "text", "questions": []}, "questions"),
+    "duplicate ids": ({"input": "text", "questions": [choice("a"), choice("a")]}, "questions"),
+    "too many options": ({"input": "text", "questions": [choice("a", 27)]}, "questions[0].options"),
+    "unknown question type": ({"input": "text", "questions": [{"id": "a", "type": "rank", "question": "?"}]}, "questions[0]"),
+    "empty input": ({"input": "  ", "questions": [choice("a")]}, "input"),
+    "label not one token": ({"input": "text", "questions": [choice("a"), {"id": "y", "type": "yes_no", "question": "Is it?"}]}, "questions[1]"),
+    "prompt over the context length": ({"input": "long " * 40, "questions": [choice("a")]}, "input"),
+    "unknown field": ({"input": "text", "questions": [choice("a")], "temprature": 0.5}, "temprature"),
+    "bad temperature": ({"input": "text", "questions": [choice("a")], "temperature": 0}, "temperature"),
+    "images": ({"input": "text", "questions": [choice("a")], "images": ["data:image/png;base64,AAAA"]}, "images"),
+    "not an object": ("just a string", "request"),
+}
+
+
+@pytest.fixture(scope="module")
+def engine(char_model_dir):
+    # The character tokenizer makes "yes"/"no" three and two tokens: not valid labels.
+    return Engine(str(char_model_dir), context_length=160)
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_request_names_the_field(case, engine):
+    request, field = BAD[case]
+    with pytest.raises(RequestError) as info:
+        engine.decide(request)
+    assert info.value.field == field, str(info.value)
+    assert info.value.message
+
+
+def test_bad_requests_leave_the_round_unharmed(engine):
+    alone = engine.decide_batch(GOOD)
+    assert all(not isinstance(r, RequestError) for r in alone)
+    mixed = [BAD["duplicate ids"][0], GOOD[0], BAD["label not one token"][0], BAD["prompt over the context length"][0], GOOD[1]]
+    results = engine.decide_batch(mixed)
+    assert [isinstance(r, RequestError) for r in results] == [True, False, True, True, False]
+    for got, want in zip([results[1], results[4]], alone):
+        assert got.model_dump() == want.model_dump()
+    assert engine.last_round.requests == 2
+
+
+TOKEN_BAD = {
+    "empty prompt": ({"prompts": [[1, 2], []], "label_token_ids": [3, 4]}, "prompts[1]"),
+    "no prompts": ({"prompts": [], "label_token_ids": [3]}, "prompts"),
+    "token outside vocabulary": ({"prompts": [[1, 99999]], "label_token_ids": [3]}, "prompts[0]"),
+    "negative token": ({"prompts": [[1, -1]], "label_token_ids": [3]}, "prompts[0]"),
+    "label outside vocabulary": ({"prompts": [[1, 2]], "label_token_ids": [3, 128]}, "label_token_ids"),
+    "repeated label": ({"prompts": [[1, 2]], "label_token_ids": [[3, 3]]}, "label_token_ids[0]"),
+    "empty labels": ({"prompts": [[1, 2]], "label_token_ids": []}, "label_token_ids"),
+    "label lists do not match prompts": ({"prompts": [[1], [2]], "label_token_ids": [[3, 4]]}, "label_token_ids"),
+    "prompt over the context length": ({"prompts": [[1] * 160], "label_token_ids": [3]}, "prompts[0]"),
+    "label not an integer": ({"prompts": [[1, 2]], "label_token_ids": ["A"]}, "label_token_ids"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TOKEN_BAD))
+def test_bad_token_request_names_the_field(case, engine):
+    request, field = TOKEN_BAD[case]
+    with pytest.raises(RequestError) as info:
+        engine.score_tokens(request)
+    assert info.value.field.startswith(field), str(info.value)
+
+
+def test_bad_token_requests_leave_the_round_unharmed(engine):
+    good = [{"prompts": [[5, 6, 7, 8], [5, 6, 9]], "label_token_ids": [1, 2, 3]}, {"prompts": [[40] * 30], "label_token_ids": [[7, 8]]}]
+    alone = engine.score_tokens_batch(good)
+    mixed = engine.score_tokens_batch([TOKEN_BAD["empty prompt"][0], good[0], TOKEN_BAD["repeated label"][0], good[1]])
+    assert isinstance(mixed[0], RequestError) and isinstance(mixed[2], RequestError)
+    assert mixed[1] == alone[0] and mixed[3] == alone[1]
+
+
+def test_unknown_model_path(tmp_path):
+    with pytest.raises(ModelLoadError, match="neither a checkpoint directory nor a built-in model"):
+        Engine(str(tmp_path / "missing"))
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        Engine(str(tmp_path))
+
+
+def test_unknown_dtype(char_model_dir):
+    with pytest.raises(ValueError, match="dtype 'float8'"):
+        Engine(str(char_model_dir), dtype="float8")
