@@ -4,37 +4,66 @@ No padding, no delimiter tokens: each token keeps the logical position it has in
 its own prompt, and carries the index of its segment. The segment table gives
 each segment's parent, start offset in the stream, length, logical start and
 request. Readout rows are the stream rows whose hidden states feed the LM head.
+
+A request may *resume* from a checkpoint of its state's first L tokens: then its
+tree is built over the prompts' tokens after L, its roots start at logical
+position L, and a *virtual* segment (no stream rows) stands for the checkpoint:
+its keys are the checkpoint's cached attention K/V, its GDN state a pool slot.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
 
 import torch
 
 from .tree import PrefixTree, build_prefix_tree
 
 
+@dataclass(frozen=True)
+class Resume:
+    """A checkpoint a request resumes from.
+
+    Attributes:
+        length: tokens the checkpoint covers (a strict prefix of every prompt).
+        slot: GDN state-pool slot of the checkpoint (-1 for models without GDN layers).
+        kv_start: first row of the checkpoint's K/V in the round's key prefix.
+    """
+
+    length: int
+    slot: int
+    kv_start: int
+
+
 @dataclass
 class FlatPlan:
     """One round as a flat token stream.
 
-    Tensors are int64 (``torch.long``) on the device given to :func:`plan_round`.
+    Tensors are int64 on the plan's device. ``S`` counts real segments, ``S_all``
+    real plus virtual (checkpoint) segments, which come last in the table.
 
     Attributes:
         token_ids: ``[T]`` token id of each stream row.
         positions: ``[T]`` logical position of each row (its index in its own prompt).
         token_segment: ``[T]`` segment index of each row.
-        seg_parent: ``[S]`` parent segment, -1 for a root.
-        seg_start: ``[S]`` first stream row of the segment.
-        seg_len: ``[S]`` number of rows of the segment.
-        seg_logical_start: ``[S]`` logical position of the segment's first token.
-        seg_request: ``[S]`` request index of the segment.
-        seg_depth: ``[S]`` tree depth (0 for roots).
+        seg_parent: ``[S_all]`` parent segment, -1 for a root (virtual segments are
+            roots; a resumed request's real roots have its virtual segment as parent).
+        seg_start, seg_len: ``[S_all]`` query rows of each segment (virtual: length 0).
+        seg_kv_start, seg_kv_len: ``[S_all]`` rows of each segment's keys in the
+            attention key array, which is the key prefix (``num_prefix_rows`` rows of
+            checkpoint K/V) followed by the stream's own keys.
+        kv_positions: ``[P + T]`` logical position of each key row.
+        seg_logical_start: ``[S_all]`` logical position of the segment's first token.
+        seg_request, seg_depth: ``[S_all]`` request index and tree depth (virtual: -1).
+        levels: per depth, the ``[n]`` real segment indices at that depth.
         readout_rows: ``[R]`` distinct stream rows read out, ascending.
         prompt_readout: ``[P]`` for each prompt, its index into ``readout_rows``.
-        tree: the prefix tree the stream was laid from.
+        seg_slot, seg_initial_slot: ``[S]`` GDN pool slot of each real segment and
+            the slot its initial state is read from (-1: zeros); set by
+            :meth:`assign_slots`.
+        resume: request index -> Resume, for requests resuming from a checkpoint.
+        tree: the prefix tree of the (cut) prompts.
     """
 
     token_ids: torch.Tensor
@@ -43,12 +72,20 @@ class FlatPlan:
     seg_parent: torch.Tensor
     seg_start: torch.Tensor
     seg_len: torch.Tensor
+    seg_kv_start: torch.Tensor
+    seg_kv_len: torch.Tensor
+    kv_positions: torch.Tensor
     seg_logical_start: torch.Tensor
     seg_request: torch.Tensor
     seg_depth: torch.Tensor
+    levels: list
     readout_rows: torch.Tensor
     prompt_readout: torch.Tensor
     tree: PrefixTree
+    num_prefix_rows: int = 0
+    resume: Mapping[int, Resume] = field(default_factory=dict)
+    seg_slot: Optional[torch.Tensor] = None
+    seg_initial_slot: Optional[torch.Tensor] = None
 
     @property
     def num_tokens(self) -> int:
@@ -56,40 +93,97 @@ class FlatPlan:
 
     @property
     def num_segments(self) -> int:
-        return int(self.seg_start.numel())
+        """Real segments (those with stream rows)."""
+        return len(self.tree.segments)
 
     @property
     def num_levels(self) -> int:
-        return self.tree.num_levels
+        return len(self.levels)
+
+    def assign_slots(self, slots: Sequence[int]) -> None:
+        """Give each real segment a GDN pool slot (its final state goes there);
+        each segment's initial state is its parent's slot, a resumed root's its
+        checkpoint's slot, and zeros (-1) for other roots."""
+        device = self.token_ids.device
+        S = self.num_segments
+        if len(slots) != S:
+            raise ValueError(f"{len(slots)} slots for {S} segments")
+        initial = []
+        for s, seg in enumerate(self.tree.segments):
+            if seg.parent >= 0:
+                initial.append(slots[seg.parent])
+            elif seg.request in self.resume:
+                initial.append(self.resume[seg.request].slot)
+            else:
+                initial.append(-1)
+        self.seg_slot = torch.tensor(list(slots), dtype=torch.long, device=device)
+        self.seg_initial_slot = torch.tensor(initial, dtype=torch.long, device=device)
 
 
 def plan_round(
     requests: Sequence[int],
     prompts: Sequence[Sequence[int]],
     device: torch.device | str = "cpu",
+    resume: Optional[Mapping[int, Resume]] = None,
 ) -> FlatPlan:
-    """Merge a round's prompts into a prefix tree and lay it out as a flat stream.
+    """Merge a round's prompts into prefix trees (one per request) and lay them out
+    as a flat stream.
 
     Args:
         requests: for each prompt, the index of its request (prompts of one
             request may fork from each other; prompts of different requests never do).
         prompts: for each prompt, its full token ids (non-empty).
         device: where the plan's tensors live.
+        resume: request index -> the checkpoint it resumes from; that checkpoint's
+            ``length`` must be shorter than each of the request's prompts.
 
     Raises:
-        ValueError: a prompt is empty.
+        ValueError: an empty prompt, or a checkpoint not shorter than a prompt.
     """
-    tree = build_prefix_tree(requests, prompts)
+    resume = dict(resume or {})
+    cut = []
+    for r, p in zip(requests, prompts):
+        skip = resume[r].length if r in resume else 0
+        if skip and len(p) <= skip:
+            raise ValueError("a checkpoint must be shorter than every prompt that resumes from it")
+        cut.append(p[skip:])
+    tree = build_prefix_tree(requests, cut)
+    num_prefix = max((c.kv_start + c.length for c in resume.values()), default=0)
+
+    S = len(tree.segments)
+    virtual_index = {r: S + i for i, r in enumerate(sorted(resume))}
     starts, ids, positions, token_segment = [], [], [], []
+    parent, logical, depth = [], [], []
     offset = 0
     for index, seg in enumerate(tree.segments):
-        starts.append(offset)
+        base = resume[seg.request].length if seg.request in resume else 0
         n = len(seg.tokens)
+        starts.append(offset)
         ids.extend(seg.tokens)
-        positions.extend(range(seg.logical_start, seg.logical_start + n))
+        positions.extend(range(base + seg.logical_start, base + seg.logical_start + n))
         token_segment.extend([index] * n)
+        parent.append(seg.parent if seg.parent >= 0 else virtual_index.get(seg.request, -1))
+        logical.append(base + seg.logical_start)
+        depth.append(seg.depth)
         offset += n
     seg_len = [len(s.tokens) for s in tree.segments]
+    kv_start = [num_prefix + s for s in starts]
+    kv_len = list(seg_len)
+    request = [s.request for s in tree.segments]
+    kv_positions = [0] * num_prefix
+    for r in sorted(resume):
+        c = resume[r]
+        starts.append(offset)
+        seg_len.append(0)
+        kv_start.append(c.kv_start)
+        kv_len.append(c.length)
+        parent.append(-1)
+        logical.append(0)
+        depth.append(-1)
+        request.append(r)
+        kv_positions[c.kv_start : c.kv_start + c.length] = range(c.length)
+    kv_positions += positions
+
     ends = [starts[s] + seg_len[s] - 1 for s in tree.readout_segment]
     rows = sorted(set(ends))
     row_index = {row: i for i, row in enumerate(rows)}
@@ -97,17 +191,26 @@ def plan_round(
     def t(values):
         return torch.tensor(values, dtype=torch.long, device=device)
 
+    by_depth: dict[int, list[int]] = {}
+    for s, seg in enumerate(tree.segments):
+        by_depth.setdefault(seg.depth, []).append(s)
     return FlatPlan(
         token_ids=t(ids),
         positions=t(positions),
         token_segment=t(token_segment),
-        seg_parent=t([s.parent for s in tree.segments]),
+        seg_parent=t(parent),
         seg_start=t(starts),
         seg_len=t(seg_len),
-        seg_logical_start=t([s.logical_start for s in tree.segments]),
-        seg_request=t([s.request for s in tree.segments]),
-        seg_depth=t([s.depth for s in tree.segments]),
+        seg_kv_start=t(kv_start),
+        seg_kv_len=t(kv_len),
+        kv_positions=t(kv_positions),
+        seg_logical_start=t(logical),
+        seg_request=t(request),
+        seg_depth=t(depth),
+        levels=[t(by_depth[d]) for d in sorted(by_depth)],
         readout_rows=t(rows),
         prompt_readout=t([row_index[e] for e in ends]),
         tree=tree,
+        num_prefix_rows=num_prefix,
+        resume=resume,
     )

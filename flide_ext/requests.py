@@ -20,6 +20,8 @@ class TokenRequest(BaseModel):
         prompts: full prompt token ids, one list per question (each non-empty).
         label_token_ids: candidate label ids, shared by all prompts or one list per prompt.
         temperature: scales the renormalised label probabilities only.
+        checkpoint: keep this request's state (the prefix all its prompts share) as
+            a checkpoint, so a later request extending it computes only new tokens.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -27,6 +29,7 @@ class TokenRequest(BaseModel):
     prompts: List[List[int]] = Field(min_length=1)
     label_token_ids: Union[List[int], List[List[int]]]
     temperature: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    checkpoint: bool = False
 
     def labels_for(self, i: int) -> List[int]:
         labels = self.label_token_ids
@@ -40,13 +43,17 @@ class TokenAnswer(BaseModel):
         label_logprobs: full-vocabulary log-probability of each label (float32 math).
         probabilities: label probabilities renormalised over the labels, with temperature.
         label_mass: full-vocabulary probability of all labels together.
+        prompt_tokens: sum of the prompts' lengths.
+        resumed_tokens: state tokens taken from a checkpoint instead of recomputed.
+        checkpoint_tokens: length of the state kept as a checkpoint (0: none kept).
     """
 
     label_logprobs: List[List[float]]
     probabilities: List[List[float]]
     label_mass: List[float]
     prompt_tokens: int
-    stream_tokens: Optional[int] = None
+    resumed_tokens: int = 0
+    checkpoint_tokens: int = 0
 
 
 def parse_token_request(obj) -> TokenRequest:

@@ -8,7 +8,7 @@ import torch
 
 
 def tiny_config(family: str, vocab_size: int = 512, **overrides):
-    from transformers import LlamaConfig, Qwen3Config
+    from transformers import LlamaConfig, Qwen3_5TextConfig, Qwen3Config, Qwen3NextConfig
 
     common = dict(
         vocab_size=vocab_size,
@@ -27,6 +27,25 @@ def tiny_config(family: str, vocab_size: int = 512, **overrides):
     elif family == "qwen3":
         cfg = Qwen3Config(**{**common, "head_dim": 32, **overrides})
         cfg.architectures = ["Qwen3ForCausalLM"]
+    elif family in ("qwen3_5", "qwen3_next"):
+        hybrid = dict(
+            common,
+            num_hidden_layers=4,
+            head_dim=32,
+            linear_num_value_heads=4,
+            linear_num_key_heads=2,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_conv_kernel_dim=4,
+        )
+        if family == "qwen3_5":
+            cfg = Qwen3_5TextConfig(**{**hybrid, **overrides})
+            cfg.architectures = ["Qwen3_5ForCausalLM"]
+        else:
+            moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                       shared_expert_intermediate_size=64, decoder_sparse_step=1, mlp_only_layers=[1])
+            cfg = Qwen3NextConfig(**{**hybrid, **moe, **overrides})
+            cfg.architectures = ["Qwen3NextForCausalLM"]
     else:
         raise ValueError(family)
     return cfg
@@ -44,9 +63,13 @@ def write_tiny_checkpoint(directory: Path, family: str, seed: int = 0, head_scal
     cfg = tiny_config(family, **overrides)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():
-        for p in model.parameters():
+        for name, p in model.named_parameters():
             if p.dim() > 1:
                 p.normal_(0.0, 0.1)
+            elif name.endswith("norm.weight") and family in ("qwen3_5", "qwen3_next"):
+                p.normal_(0.0, 0.1)  # zero-centred norms: random offsets from 1
+            elif name.endswith("A_log"):
+                p.uniform_(-1.0, 1.0)
         if not cfg.tie_word_embeddings:
             model.lm_head.weight.mul_(head_scale)
     directory = Path(directory)

@@ -62,7 +62,8 @@ def test_reference_matches_dense_rule(seed, heads, window):
     torch.manual_seed(seed)
     T, (hq, hkv), d = plan.num_tokens, heads, 16
     q, k, v = torch.randn(T, hq, d), torch.randn(T, hkv, d), torch.randn(T, hkv, d)
-    out = fork_attention_ref(q, k, v, plan.seg_parent, plan.seg_start, plan.seg_len, plan.positions, d**-0.5, window)
+    out = fork_attention_ref(q, k, v, plan.seg_parent, plan.seg_start, plan.seg_len, plan.seg_kv_start, plan.seg_kv_len,
+                             plan.positions, plan.kv_positions, d**-0.5, window)
     ref = dense_oracle(q, k, v, plan, d**-0.5, window)
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
 
@@ -75,7 +76,7 @@ def test_empty_segments_and_one_token_segments():
     positions = torch.tensor([0, 1, 2, 3, 4, 5])
     torch.manual_seed(0)
     q, k, v = torch.randn(6, 2, 8), torch.randn(6, 2, 8), torch.randn(6, 2, 8)
-    out = fork_attention_ref(q, k, v, seg_parent, seg_start, seg_len, positions, 8**-0.5)
+    out = fork_attention_ref(q, k, v, seg_parent, seg_start, seg_len, seg_start, seg_len, positions, positions, 8**-0.5)
     # The stream here is one causal sequence, so plain causal attention must agree.
     ref = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
@@ -88,7 +89,8 @@ def test_long_segment_crosses_query_blocks():
     torch.manual_seed(1)
     T = plan.num_tokens
     q, k, v = torch.randn(T, 2, 8), torch.randn(T, 1, 8), torch.randn(T, 1, 8)
-    out = fork_attention_ref(q, k, v, plan.seg_parent, plan.seg_start, plan.seg_len, plan.positions, 8**-0.5)
+    out = fork_attention_ref(q, k, v, plan.seg_parent, plan.seg_start, plan.seg_len, plan.seg_kv_start,
+                             plan.seg_kv_len, plan.positions, plan.kv_positions, 8**-0.5)
     full = torch.nn.functional.scaled_dot_product_attention(
         q[:702].transpose(0, 1), k[:702].repeat_interleave(2, 1).transpose(0, 1),
         v[:702].repeat_interleave(2, 1).transpose(0, 1), is_causal=True,

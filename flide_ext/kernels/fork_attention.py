@@ -21,15 +21,13 @@ import torch
 _QUERY_BLOCK = 512
 
 
-def _segment_key_rows(
-    segment: int, parent: list[int], start: list[int], length: list[int]
-) -> torch.Tensor:
+def _segment_key_rows(segment: int, parent: list[int], kv_start: list[int], kv_len: list[int]) -> torch.Tensor:
     path = []
     s = segment
     while s >= 0:
         path.append(s)
         s = parent[s]
-    rows = [torch.arange(start[a], start[a] + length[a]) for a in reversed(path)]
+    rows = [torch.arange(kv_start[a], kv_start[a] + kv_len[a]) for a in reversed(path)]
     return torch.cat(rows)
 
 
@@ -40,7 +38,10 @@ def fork_attention_ref(
     seg_parent: torch.Tensor,
     seg_start: torch.Tensor,
     seg_len: torch.Tensor,
+    seg_kv_start: torch.Tensor,
+    seg_kv_len: torch.Tensor,
     positions: torch.Tensor,
+    kv_positions: torch.Tensor,
     scale: float,
     sliding_window: Optional[int] = None,
 ) -> torch.Tensor:
@@ -48,18 +49,25 @@ def fork_attention_ref(
 
     Args:
         q: ``[T, Hq, D]`` queries of the flat stream (any float dtype).
-        k: ``[T, Hkv, D]`` keys; ``Hq`` must be a multiple of ``Hkv`` (GQA).
-        v: ``[T, Hkv, Dv]`` values.
+        k: ``[Tk, Hkv, D]`` keys: a prefix of cached checkpoint rows, then one row per
+            stream row; ``Hq`` must be a multiple of ``Hkv`` (GQA).
+        v: ``[Tk, Hkv, Dv]`` values, laid out like ``k``.
         seg_parent: ``[S]`` int64 parent segment, -1 for a root.
-        seg_start: ``[S]`` int64 first stream row of each segment.
-        seg_len: ``[S]`` int64 rows per segment (0 allowed).
-        positions: ``[T]`` int64 logical position of each row.
+        seg_start, seg_len: ``[S]`` int64 query rows of each segment (0 rows allowed:
+            a checkpoint segment only lends its keys).
+        seg_kv_start, seg_kv_len: ``[S]`` int64 key rows of each segment; a segment
+            with query rows has as many key rows, in the same order.
+        positions: ``[T]`` int64 logical position of each query row.
+        kv_positions: ``[Tk]`` int64 logical position of each key row.
         scale: softmax scale (usually ``D ** -0.5``).
         sliding_window: if set, key s is visible to query t only when
-            ``positions[t] - positions[s] < sliding_window``.
+            ``positions[t] - kv_positions[s] < sliding_window``.
 
     Returns:
         ``[T, Hq, Dv]`` in ``q.dtype``. Rows not covered by any segment are zero.
+
+    Raises:
+        ValueError: ``Hq`` is not a multiple of ``Hkv``.
     """
     T, Hq, D = q.shape
     Hkv = k.shape[1]
@@ -68,14 +76,15 @@ def fork_attention_ref(
     G = Hq // Hkv
     out = torch.zeros(T, Hq, v.shape[-1], dtype=q.dtype, device=q.device)
     parent, start, length = seg_parent.tolist(), seg_start.tolist(), seg_len.tolist()
+    kv_start, kv_len = seg_kv_start.tolist(), seg_kv_len.tolist()
     for s in range(len(start)):
         n = length[s]
         if n == 0:
             continue
-        rows = _segment_key_rows(s, parent, start, length).to(q.device)
+        rows = _segment_key_rows(s, parent, kv_start, kv_len).to(q.device)
         keys = k[rows].float()  # [M, Hkv, D]
         values = v[rows].float()
-        key_pos = positions[rows]
+        key_pos = kv_positions[rows]
         prefix = rows.numel() - n  # keys from ancestor segments
         for b in range(0, n, _QUERY_BLOCK):
             e = min(n, b + _QUERY_BLOCK)

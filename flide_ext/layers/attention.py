@@ -1,23 +1,32 @@
-"""Self-attention of a flat stream with the fork visibility rule (GQA, RoPE at
-logical positions, optional per-head q/k RMSNorm as in Qwen3)."""
+"""Self-attention of a flat stream with the fork visibility rule: GQA, RoPE at
+logical positions (full or partial rotary), optional per-head q/k RMSNorm (Qwen3,
+Qwen3.5) and optional sigmoid output gate (Qwen3.5 / Qwen3-Next gated attention:
+``q_proj`` emits each head's query and gate side by side)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Type
 
 import torch
 from torch import nn
 
-from .linear import Linear
-
 from ..kernels import fork_attention
+from .linear import Linear
 from .norm import RMSNorm
 from .rotary import apply_rotary
 
 
 class ForkSelfAttention(nn.Module):
-    """Projections named as in Hugging Face Llama/Qwen3 checkpoints
-    (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, optional ``q_norm``/``k_norm``)."""
+    """Projections named as in Hugging Face checkpoints (``q_proj``, ``k_proj``,
+    ``v_proj``, ``o_proj``, optional ``q_norm``/``k_norm``).
+
+    Args:
+        index: this layer's rank among the model's attention layers (selects its
+            cached checkpoint K/V).
+        gated: ``q_proj`` emits ``[query | gate]`` per head; the output is
+            ``o_proj(attn * sigmoid(gate))``.
+        qk_norm: norm class applied per head to q and k before RoPE, or None.
+    """
 
     def __init__(
         self,
@@ -25,35 +34,51 @@ class ForkSelfAttention(nn.Module):
         num_heads: int,
         num_kv_heads: int,
         head_dim: int,
+        index: int = 0,
         bias: bool = False,
-        qk_norm_eps: Optional[float] = None,
+        qk_norm: Optional[Type[nn.Module]] = None,
+        norm_eps: float = 1e-6,
+        gated: bool = False,
         sliding_window: Optional[int] = None,
     ):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.q_proj = Linear(hidden_size, num_heads * head_dim, bias=bias)
+        self.index, self.gated = index, gated
+        self.q_proj = Linear(hidden_size, num_heads * head_dim * (2 if gated else 1), bias=bias)
         self.k_proj = Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
         self.v_proj = Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
         self.o_proj = Linear(num_heads * head_dim, hidden_size, bias=bias)
-        if qk_norm_eps is not None:
-            self.q_norm = RMSNorm(head_dim, qk_norm_eps)
-            self.k_norm = RMSNorm(head_dim, qk_norm_eps)
+        if qk_norm is not None:
+            self.q_norm = qk_norm(head_dim, norm_eps)
+            self.k_norm = qk_norm(head_dim, norm_eps)
         else:
             self.q_norm = self.k_norm = None
         self.scale = head_dim**-0.5
         self.sliding_window = sliding_window
 
-    def forward(self, x: torch.Tensor, plan, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """``x`` ``[T, hidden]`` -> ``[T, hidden]``; ``plan`` is the round's FlatPlan."""
+    def forward(self, x: torch.Tensor, ctx) -> torch.Tensor:
+        """``x`` ``[T, hidden]`` -> ``[T, hidden]``; ``ctx`` is the ForwardContext."""
         T = x.shape[0]
-        q = self.q_proj(x).view(T, self.num_heads, self.head_dim)
+        if self.gated:
+            q, gate = self.q_proj(x).view(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+            gate = gate.reshape(T, -1)
+        else:
+            q = self.q_proj(x).view(T, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = apply_rotary(q, ctx.cos, ctx.sin), apply_rotary(k, ctx.cos, ctx.sin)
+        if ctx.kv_capture is not None:
+            ctx.kv_capture.append((k, v))
+        if ctx.kv_prefix is not None:
+            prefix_k, prefix_v = ctx.kv_prefix[self.index]
+            k, v = torch.cat([prefix_k.to(k.dtype), k]), torch.cat([prefix_v.to(v.dtype), v])
+        plan = ctx.plan
         o = fork_attention(
-            q, k, v, plan.seg_parent, plan.seg_start, plan.seg_len, plan.positions,
-            self.scale, self.sliding_window,
-        )
-        return self.o_proj(o.reshape(T, -1))
+            q, k, v, plan.seg_parent, plan.seg_start, plan.seg_len, plan.seg_kv_start, plan.seg_kv_len,
+            plan.positions, plan.kv_positions, self.scale, self.sliding_window,
+        ).reshape(T, -1)
+        if self.gated:
+            o = o * torch.sigmoid(gate)
+        return self.o_proj(o)

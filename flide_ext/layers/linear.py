@@ -17,12 +17,16 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias``: ``x`` ``[T, in]``, ``weight`` ``[out, in]`` -> ``[T, out]``
+    in ``x.dtype``, row-invariant on CPU float32 (see the module docstring)."""
+    if x.device.type == "cpu" and x.dtype == torch.float32:
+        return F.linear(x.double(), weight.double(), None if bias is None else bias.double()).float()
+    return F.linear(x, weight, bias)
+
+
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters and state-dict names); ``x`` ``[T, in]`` ->
-    ``[T, out]`` in ``x.dtype``."""
+    """``nn.Linear`` (same parameters and state-dict names) computed by :func:`linear`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu" and x.dtype == torch.float32:
-            bias = None if self.bias is None else self.bias.double()
-            return F.linear(x.double(), self.weight.double(), bias).float()
-        return super().forward(x)
+        return linear(x, self.weight, self.bias)

@@ -23,3 +23,41 @@ class RMSNorm(nn.Module):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
+
+
+class ZeroCenteredRMSNorm(nn.Module):
+    """``y = (x / sqrt(mean(x^2) + eps)) * (1 + w)`` in float32, cast to the input
+    dtype at the end (Qwen3.5 / Qwen3-Next; weights stored as offsets from 1).
+
+    Input ``[..., hidden]``; output the same shape and dtype.
+    """
+
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """``y = w * rmsnorm(x) * silu(z)``: the GDN output norm, applied per value head
+    (Qwen3.5 / Qwen3-Next ``linear_attn.norm``).
+
+    Inputs ``x``, ``z`` ``[..., head_dim]``; output like ``x``.
+    """
+
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        h = self.weight * h.to(dtype)
+        return (h * torch.nn.functional.silu(z.float())).to(dtype)

@@ -54,10 +54,11 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device |
     loaded = set()
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
-            for name in f.keys():
+            for stored in f.keys():
+                name = model.checkpoint_name(stored)
                 if name in params:
                     with torch.no_grad():
-                        params[name].copy_(f.get_tensor(name))
+                        params[name].copy_(f.get_tensor(stored))
                     loaded.add(name)
     for name, source in model.tied_weights.items():
         if name not in loaded:

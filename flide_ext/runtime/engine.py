@@ -17,8 +17,10 @@ import torch
 from ..builtin_models import resolve_model_path
 from ..errors import ModelLoadError, RequestError
 from ..models.loader import load_model
-from ..plan import plan_round
+from ..plan import Resume, plan_round
 from ..requests import TokenAnswer, TokenRequest, check_token_request, parse_token_request
+from .checkpoints import Checkpoint, CheckpointStore, concat_kv
+from .state_pool import StatePool
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -35,6 +37,8 @@ class RoundStats:
         stream_tokens: tokens in the flat stream (what Flide computed).
         segments: segments in the prefix tree.
         levels: depth of the deepest tree + 1.
+        resumed_tokens: state tokens not recomputed because a request resumed
+            from a checkpoint (counted once per request).
     """
 
     requests: int = 0
@@ -43,6 +47,7 @@ class RoundStats:
     stream_tokens: int = 0
     segments: int = 0
     levels: int = 0
+    resumed_tokens: int = 0
 
     @property
     def tokens_saved(self) -> int:
@@ -60,6 +65,8 @@ class Engine:
         context_length: longest prompt, in tokens, accepted (exclusive); defaults to
             and may not exceed the model's ``max_position_embeddings``.
         tokenizer_path: tokenizer directory, if not the model's own.
+        checkpoint_capacity: states kept as checkpoints (least recently used
+            evicted first); requests resume from them automatically.
 
     Raises:
         ModelLoadError: the model cannot be found or loaded.
@@ -73,6 +80,7 @@ class Engine:
         device: Union[str, torch.device] = "cpu",
         context_length: Optional[int] = None,
         tokenizer_path: Optional[str] = None,
+        checkpoint_capacity: int = 64,
     ):
         if isinstance(dtype, str):
             if dtype not in _DTYPES:
@@ -82,12 +90,19 @@ class Engine:
         self.device = torch.device(device)
         self.dtype = dtype
         self.model, self.config = load_model(self.path, dtype, self.device)
+        self.config = self.model.config  # the text part, for multimodal checkpoints
         self.vocab_size = int(self.config.vocab_size)
         limit = int(getattr(self.config, "max_position_embeddings", 0) or 1 << 30)
         self.context_length = min(context_length or limit, limit)
         self.tokenizer_path = tokenizer_path or str(self.path)
         self._renderer = None
         self.last_round = RoundStats()
+        self.state_pool = None
+        if self.model.num_gdn_layers:
+            recurrent_shape, conv_shape = self.model.gdn_state_shapes()
+            self.state_pool = StatePool(recurrent_shape, conv_shape, self.model.num_gdn_layers, dtype, self.device)
+        release = self.state_pool.release if self.state_pool is not None else (lambda slots: None)
+        self.checkpoints = CheckpointStore(checkpoint_capacity, release)
 
     @property
     def renderer(self):
@@ -109,23 +124,67 @@ class Engine:
         return self._renderer
 
     @torch.inference_mode()
-    def run_round(self, groups: Sequence[tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]]]):
+    def run_round(
+        self,
+        groups: Sequence[tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]]],
+        keep_state: Optional[Sequence[bool]] = None,
+    ):
         """Run one round: each group is one request's ``(prompts, label ids per prompt)``.
+
+        Args:
+            groups: the round's requests.
+            keep_state: per request, whether to keep its state (the prefix all its
+                prompts share) as a checkpoint for later requests that extend it.
 
         Returns:
             For each group, for each prompt, the full-vocabulary log-probability of
-            each of its labels (Python floats from float32 log-softmax).
+            each of its labels (Python floats from float32 log-softmax). Details of
+            checkpoints used and kept are in ``self.last_checkpoints``: per request
+            ``(resumed_tokens, kept_tokens)``.
         """
+        keep_state = list(keep_state or [False] * len(groups))
         requests, prompts, labels = [], [], []
         for r, (group_prompts, group_labels) in enumerate(groups):
             requests += [r] * len(group_prompts)
             prompts += [list(p) for p in group_prompts]
             labels += [list(l) for l in group_labels]
         self.last_round = RoundStats(requests=len(groups), questions=len(prompts))
+        self.last_checkpoints = [(0, 0)] * len(groups)
         if not prompts:
             return [[] for _ in groups]
-        plan = plan_round(requests, prompts, self.device)
-        logprobs = self.model(plan).cpu()  # [R, vocab]
+
+        resumed: dict[int, Checkpoint] = {}
+        if len(self.checkpoints):
+            for r, (group_prompts, _) in enumerate(groups):
+                ckpt = self.checkpoints.longest_prefix(group_prompts)
+                if ckpt is not None:
+                    resumed[r] = ckpt
+        resume, offset = {}, 0
+        for r in sorted(resumed):
+            resume[r] = Resume(len(resumed[r]), resumed[r].slot, offset)
+            offset += len(resumed[r])
+        kv_prefix = None
+        if resumed:
+            layers = len(next(iter(resumed.values())).kv)
+            kv_prefix = [
+                (torch.cat([resumed[r].kv[i][0] for r in sorted(resumed)]),
+                 torch.cat([resumed[r].kv[i][1] for r in sorted(resumed)]))
+                for i in range(layers)
+            ]
+
+        plan = plan_round(requests, prompts, self.device, resume)
+        slots = []
+        if self.state_pool is not None:
+            slots = self.state_pool.allocate(plan.num_segments)
+            plan.assign_slots(slots)
+        capture = [] if any(keep_state) else None
+        try:
+            logprobs = self.model(plan, self.state_pool, kv_prefix, capture).cpu()  # [R, vocab]
+            kept = self._keep_checkpoints(plan, groups, keep_state, resumed, slots, capture)
+        finally:
+            if self.state_pool is not None:
+                self.state_pool.release([slot for s, slot in enumerate(slots) if s not in kept])
+
         rows = plan.prompt_readout.tolist()
         answers: List[List[List[float]]] = [[] for _ in groups]
         for r, row, ids in zip(requests, rows, labels):
@@ -137,8 +196,41 @@ class Engine:
             stream_tokens=plan.num_tokens,
             segments=plan.num_segments,
             levels=plan.num_levels,
+            resumed_tokens=sum(len(c) for c in resumed.values()),
         )
         return answers
+
+    def _keep_checkpoints(self, plan, groups, keep_state, resumed, slots, capture) -> set:
+        """Store the states asked for; returns the segments whose slots now belong
+        to checkpoints."""
+        kept = set()
+        if capture is None:
+            return kept
+        roots: dict[int, list[int]] = {}
+        for s, seg in enumerate(plan.tree.segments):
+            if seg.parent < 0:
+                roots.setdefault(seg.request, []).append(s)
+        for r, keep in enumerate(keep_state):
+            base = resumed.get(r)
+            if not keep or len(roots.get(r, [])) != 1:
+                continue  # a request whose prompts part at once shares no state
+            s = roots[r][0]
+            start, length = int(plan.seg_start[s]), int(plan.seg_len[s])
+            base_len = len(base) if base is not None else 0
+            tokens = tuple(groups[r][0][0][: base_len + length])
+            rows = torch.arange(start, start + length, device=self.device)
+            slot = slots[s] if slots else -1
+            if self.checkpoints.add(Checkpoint(tokens, slot, concat_kv(base, capture, rows))):
+                kept.add(s)
+            self.last_checkpoints[r] = (base_len, len(tokens))
+        for r in resumed:
+            if self.last_checkpoints[r][1] == 0:
+                self.last_checkpoints[r] = (len(resumed[r]), 0)
+        return kept
+
+    def clear_checkpoints(self) -> None:
+        """Forget every checkpoint (and free their state slots)."""
+        self.checkpoints.clear()
 
     # -- low-level form: token ids in, label log-probabilities out ---------------
 
@@ -162,19 +254,28 @@ class Engine:
             except RequestError as e:
                 parsed.append(e)
         good = [r for r in parsed if isinstance(r, TokenRequest)]
-        scored = iter(self.run_round([(r.prompts, [r.labels_for(i) for i in range(len(r.prompts))]) for r in good]))
+        scored = iter(
+            self.run_round(
+                [(r.prompts, [r.labels_for(i) for i in range(len(r.prompts))]) for r in good],
+                [r.checkpoint for r in good],
+            )
+        )
+        details = iter(self.last_checkpoints)
         out: List[Union[TokenAnswer, RequestError]] = []
         for req in parsed:
             if isinstance(req, RequestError):
                 out.append(req)
                 continue
             logprobs = next(scored)
+            resumed_tokens, kept_tokens = next(details)
             out.append(
                 TokenAnswer(
                     label_logprobs=logprobs,
                     probabilities=[label_probabilities(lp, req.temperature) for lp in logprobs],
                     label_mass=[label_mass(lp) for lp in logprobs],
                     prompt_tokens=sum(len(p) for p in req.prompts),
+                    resumed_tokens=resumed_tokens,
+                    checkpoint_tokens=kept_tokens,
                 )
             )
         return out

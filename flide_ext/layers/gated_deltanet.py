@@ -1,0 +1,126 @@
+"""Gated DeltaNet token mixer (Yang, Kautz & Hatamizadeh, 2024, arXiv:2412.06464)
+over a round's flat stream, with state forking in levels.
+
+Per layer: project to q/k/v (+ output gate z, write strength b, decay a), run the
+depthwise causal conv1d (SiLU) over q/k/v, L2-normalise q and k, then the gated
+delta rule with ``beta = sigmoid(b)`` and ``g = -exp(A_log) * softplus(a + dt_bias)``
+(Qwen3.5 / Qwen3-Next model cards), and ``out_proj(GatedRMSNorm(o, z))``.
+
+Forking: the tree's levels run one after another. Level 0 runs every root
+segment and writes each segment's final recurrent state and conv window into its
+pool slot; each next level runs all its segments at once, each starting from its
+parent's slot by index (DESIGN.md, "Gated DeltaNet layers").
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kernels.causal_conv1d import causal_conv1d
+from ..kernels.gated_delta_rule import chunk_gated_delta_rule
+from .linear import Linear
+from .norm import GatedRMSNorm
+
+
+class GatedDeltaNet(nn.Module):
+    """Qwen3.5 GDN layer (``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``,
+    ``conv1d``, ``dt_bias``, ``A_log``, ``norm``, ``out_proj``).
+
+    Args:
+        index: this layer's rank among the model's GDN layers (its state-pool layer).
+    """
+
+    def __init__(self, config, index: int):
+        super().__init__()
+        self.index = index
+        self.num_v_heads = config.linear_num_value_heads
+        self.num_k_heads = config.linear_num_key_heads
+        self.head_k_dim = config.linear_key_head_dim
+        self.head_v_dim = config.linear_value_head_dim
+        self.key_dim = self.num_k_heads * self.head_k_dim
+        self.value_dim = self.num_v_heads * self.head_v_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.kernel = config.linear_conv_kernel_dim
+        H = config.hidden_size
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.kernel, groups=self.conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))
+        self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))
+        self.norm = GatedRMSNorm(self.head_v_dim, config.rms_norm_eps)
+        self.out_proj = Linear(self.value_dim, H, bias=False)
+        self._build_projections(H)
+
+    def _build_projections(self, H: int) -> None:
+        self.in_proj_qkv = Linear(H, self.conv_dim, bias=False)
+        self.in_proj_z = Linear(H, self.value_dim, bias=False)
+        self.in_proj_b = Linear(H, self.num_v_heads, bias=False)
+        self.in_proj_a = Linear(H, self.num_v_heads, bias=False)
+
+    def project(self, x: torch.Tensor):
+        """``x`` ``[T, H]`` -> conv input ``[T, conv_dim]`` (q, k, v channels in that
+        order), z ``[T, HV, Dv]``, b and a ``[T, HV]``."""
+        T = x.shape[0]
+        z = self.in_proj_z(x).view(T, self.num_v_heads, self.head_v_dim)
+        return self.in_proj_qkv(x), z, self.in_proj_b(x), self.in_proj_a(x)
+
+    def state_shapes(self):
+        """Shapes of one pool slot: recurrent ``[HV, K, V]`` and conv window ``[C, W-1]``."""
+        return (self.num_v_heads, self.head_k_dim, self.head_v_dim), (self.conv_dim, self.kernel - 1)
+
+    def forward(self, x: torch.Tensor, ctx) -> torch.Tensor:
+        """``x`` ``[T, H]`` -> ``[T, H]``; reads and writes ``ctx.state_pool`` slots."""
+        T = x.shape[0]
+        plan, pool = ctx.plan, ctx.state_pool
+        mixed, z, b, a = self.project(x)
+        weight = self.conv1d.weight.squeeze(1)
+        conv_pool, state_pool = pool.conv[self.index], pool.recurrent[self.index]
+
+        def level_args(segments):
+            return (
+                plan.seg_start[segments], plan.seg_len[segments],
+                plan.seg_initial_slot[segments], plan.seg_slot[segments],
+            )
+
+        conv_out = torch.zeros_like(mixed)
+        for segments in plan.levels:
+            conv_out += causal_conv1d(mixed, weight, None, conv_pool, *level_args(segments), activation="silu")
+        q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(T, self.num_k_heads, self.head_k_dim)
+        k = k.reshape(T, self.num_k_heads, self.head_k_dim)
+        v = v.reshape(T, self.num_v_heads, self.head_v_dim)
+        beta = torch.sigmoid(b)
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+
+        o = torch.zeros_like(v)
+        for segments in plan.levels:
+            o += chunk_gated_delta_rule(
+                q, k, v, g, beta, self.head_k_dim**-0.5, state_pool, *level_args(segments), use_qk_l2norm=True
+            )
+        o = self.norm(o, z).reshape(T, -1)
+        return self.out_proj(o)
+
+
+class PackedGatedDeltaNet(GatedDeltaNet):
+    """Qwen3-Next GDN layer: ``in_proj_qkvz`` and ``in_proj_ba`` pack each key head's
+    q, k, its group of value heads' v and z (and b, a) side by side."""
+
+    def _build_projections(self, H: int) -> None:
+        self.in_proj_qkvz = Linear(H, 2 * self.key_dim + 2 * self.value_dim, bias=False)
+        self.in_proj_ba = Linear(H, 2 * self.num_v_heads, bias=False)
+
+    def project(self, x: torch.Tensor):
+        T = x.shape[0]
+        nk, dk, dv = self.num_k_heads, self.head_k_dim, self.head_v_dim
+        group = self.num_v_heads // nk
+        qkvz = self.in_proj_qkvz(x).view(T, nk, 2 * dk + 2 * group * dv)
+        q, k, v, z = torch.split(qkvz, [dk, dk, group * dv, group * dv], dim=-1)
+        ba = self.in_proj_ba(x).view(T, nk, 2 * group)
+        b, a = torch.split(ba, [group, group], dim=-1)
+        mixed = torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], dim=-1)
+        return (
+            mixed,
+            z.reshape(T, self.num_v_heads, dv),
+            b.reshape(T, self.num_v_heads),
+            a.reshape(T, self.num_v_heads),
+        )

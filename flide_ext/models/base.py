@@ -1,0 +1,72 @@
+"""What every Flide causal LM shares: embedding, rotary tables, the layer loop
+over one ForwardContext, and selective readout."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ..forward_context import ForwardContext
+from ..layers.readout import readout_logprobs
+from ..layers.rotary import RotaryEmbedding
+
+
+def head_dim_of(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class FlatCausalLM(nn.Module):
+    """Base of the model families. Subclasses build ``self.model`` with
+    ``embed_tokens``, ``layers`` (each called as ``layer(x, ctx)``) and ``norm``, and
+    ``self.lm_head``.
+
+    ``forward(plan, ...)`` returns ``[R, vocab]`` float32 log-probabilities at the
+    plan's readout rows (selective readout: the final norm and LM head see only
+    those rows).
+    """
+
+    #: GDN layer count (hybrid models set it); sizes the engine's state pool.
+    num_gdn_layers = 0
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.rotary = RotaryEmbedding(config, head_dim_of(config))
+
+    @property
+    def tied_weights(self) -> dict[str, str]:
+        """Parameters that checkpoints may omit because they share another's tensor."""
+        if getattr(self.config, "tie_word_embeddings", False):
+            return {"lm_head.weight": "model.embed_tokens.weight"}
+        return {}
+
+    def checkpoint_name(self, name: str) -> Optional[str]:
+        """This model's parameter name for a checkpoint tensor name, or None to skip it."""
+        return name
+
+    def hidden_states(self, ctx: ForwardContext) -> torch.Tensor:
+        """Last-layer hidden states ``[T, hidden]`` (before the final norm)."""
+        x = self.model.embed_tokens(ctx.plan.token_ids)
+        for layer in self.model.layers:
+            x = layer(x, ctx)
+        return x
+
+    def forward(self, plan, state_pool=None, kv_prefix=None, kv_capture=None) -> torch.Tensor:
+        """Run a round.
+
+        Args:
+            plan: the round's FlatPlan (with slots assigned for hybrid models).
+            state_pool: the GDN StatePool (hybrid models).
+            kv_prefix: per attention layer ``(k, v)`` of the checkpoints resumed from.
+            kv_capture: a list to receive each attention layer's stream ``(k, v)``.
+
+        Returns:
+            ``[R, vocab]`` float32 log-softmax at the readout rows.
+        """
+        dtype = self.model.embed_tokens.weight.dtype
+        cos, sin = self.rotary.cos_sin(plan.positions, dtype)
+        ctx = ForwardContext(plan, cos, sin, state_pool, kv_prefix, kv_capture)
+        h = self.hidden_states(ctx)
+        return readout_logprobs(h, plan.readout_rows, self.model.norm, self.lm_head)

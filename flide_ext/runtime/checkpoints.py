@@ -1,0 +1,94 @@
+"""Checkpoints of states: resume a growing history from its longest saved prefix.
+
+A checkpoint of a token prefix keeps what the model needs to continue after it
+without recomputing it: for every GDN layer the recurrent state and conv window
+(one state-pool slot), and for every attention layer the prefix's K/V. A request
+whose prompts all extend a checkpoint strictly resumes from the longest one and
+computes only its new tokens.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+
+@dataclass
+class Checkpoint:
+    """Attributes:
+        tokens: the prefix's token ids.
+        slot: its GDN state-pool slot, -1 for models without GDN layers.
+        kv: per attention layer, ``(k, v)`` ``[len(tokens), Hkv, D]``.
+    """
+
+    tokens: tuple
+    slot: int
+    kv: list
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class CheckpointStore:
+    """Least-recently-used checkpoints, at most ``capacity`` of them.
+
+    Args:
+        capacity: checkpoints kept; the oldest is evicted first.
+        release_slot: called with a GDN slot when its checkpoint is evicted.
+    """
+
+    def __init__(self, capacity: int, release_slot):
+        self.capacity = capacity
+        self.release_slot = release_slot
+        self.entries: "OrderedDict[tuple, Checkpoint]" = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def longest_prefix(self, prompts: Sequence[Sequence[int]]) -> Optional[Checkpoint]:
+        """The longest checkpoint that is a strict prefix of every prompt."""
+        shortest = min(len(p) for p in prompts)
+        best = None
+        for key, ckpt in self.entries.items():
+            n = len(key)
+            if n >= shortest or (best is not None and n <= len(best)):
+                continue
+            if all(tuple(p[:n]) == key for p in prompts):
+                best = ckpt
+        if best is not None:
+            self.entries.move_to_end(best.tokens)
+        return best
+
+    def add(self, checkpoint: Checkpoint) -> bool:
+        """Keep a checkpoint; returns False (and keeps nothing) when the same prefix
+        is already kept, so the caller can release the new slot."""
+        if checkpoint.tokens in self.entries:
+            self.entries.move_to_end(checkpoint.tokens)
+            return False
+        self.entries[checkpoint.tokens] = checkpoint
+        while len(self.entries) > self.capacity:
+            _, old = self.entries.popitem(last=False)
+            if old.slot >= 0:
+                self.release_slot([old.slot])
+        return True
+
+    def clear(self) -> None:
+        for ckpt in self.entries.values():
+            if ckpt.slot >= 0:
+                self.release_slot([ckpt.slot])
+        self.entries.clear()
+
+
+def concat_kv(base: Optional[Checkpoint], new_kv: list, rows: torch.Tensor) -> list:
+    """K/V of a new checkpoint: the base checkpoint's rows, then ``rows`` of each
+    attention layer's stream K/V (``new_kv``)."""
+    out = []
+    for i, (k, v) in enumerate(new_kv):
+        k, v = k[rows], v[rows]
+        if base is not None:
+            k, v = torch.cat([base.kv[i][0], k]), torch.cat([base.kv[i][1], v])
+        out.append((k, v))
+    return out
