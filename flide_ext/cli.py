@@ -11,6 +11,9 @@ option name (choice), ``"yes"``/``"no"`` (yes_no) or a level index (score).
 Each output line is ``{"id": ..., "response": DecisionResponse}`` or
 ``{"id": ..., "error": {"field": ..., "message": ...}}``.
 
+``flide make-checkpoint --shape qwen3.5-4b --output DIR`` writes a random-weight
+checkpoint of a real Qwen3.5 shape with the Qwen3.5 tokenizer, for benchmarks.
+
 Exit status: 0 when every request was answered, 1 when some were refused (their
 error lines say why), 2 when the command itself cannot run (one line on stderr).
 """
@@ -123,6 +126,22 @@ def run_decide(args) -> int:
     return 1 if failed else 0
 
 
+def run_make_checkpoint(args) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from .random_checkpoints import QWEN35_SHAPES, count_parameters, qwen35_config, write_random_checkpoint
+
+    if args.shape not in QWEN35_SHAPES:
+        raise CLIError(f"--shape {args.shape!r} is not one of {', '.join(QWEN35_SHAPES)}")
+    config = qwen35_config(args.shape)
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[args.dtype]
+    with tqdm(desc=f"write {args.shape}", unit="tensor", file=sys.stderr) as bar:
+        write_random_checkpoint(args.output, config, dtype=dtype, seed=args.seed, head_scale=args.head_scale, progress=bar)
+    print(f"wrote {args.shape} ({count_parameters(config) / 1e9:.2f}B parameters, {args.dtype}) to {args.output}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flide", description="Exact forked decision inference.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -135,6 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
     decide.add_argument("--round-size", type=int, default=8, help="requests per round (default: 8)")
     decide.add_argument("--context-length", type=int, default=None, help="longest prompt accepted, in tokens")
     decide.set_defaults(func=run_decide)
+    make = sub.add_parser("make-checkpoint", help="write a random-weight Qwen3.5 checkpoint of a real shape")
+    make.add_argument("--shape", required=True, help="qwen3.5-0.8b, qwen3.5-2b, qwen3.5-4b or qwen3.5-9b")
+    make.add_argument("--output", required=True, help="checkpoint directory to write")
+    make.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    make.add_argument("--seed", type=int, default=0)
+    make.add_argument("--head-scale", type=float, default=1.0, help="LM head init scale (peaked distributions)")
+    make.set_defaults(func=run_make_checkpoint)
     return parser
 
 

@@ -18,9 +18,11 @@ from checkpoints import write_char_tokenizer, write_tiny_checkpoint  # noqa: E40
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
-    """``{"llama": dir, "qwen3": dir}`` of tiny random float32 checkpoints (vocab 512)."""
+    """Family -> directory of a tiny random float32 checkpoint (vocab 512): llama,
+    qwen3, and the GDN hybrids qwen3_5 and qwen3_next."""
     root = tmp_path_factory.mktemp("tiny")
-    return {fam: write_tiny_checkpoint(root / fam, fam, seed=i) for i, fam in enumerate(["llama", "qwen3"])}
+    families = ["llama", "qwen3", "qwen3_5", "qwen3_next"]
+    return {fam: write_tiny_checkpoint(root / fam, fam, seed=i) for i, fam in enumerate(families)}
 
 
 @pytest.fixture(scope="session")

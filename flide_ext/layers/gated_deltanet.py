@@ -89,8 +89,11 @@ class GatedDeltaNet(nn.Module):
         q = q.reshape(T, self.num_k_heads, self.head_k_dim)
         k = k.reshape(T, self.num_k_heads, self.head_k_dim)
         v = v.reshape(T, self.num_v_heads, self.head_v_dim)
-        beta = torch.sigmoid(b)
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        # In float64, then rounded: CPU vector math takes a scalar path for a
+        # tensor's tail elements, so float32 gates could differ by an ulp with the
+        # round's size; rounded float64 values do not.
+        beta = torch.sigmoid(b.double()).to(b.dtype)
+        g = (-self.A_log.double().exp() * F.softplus(a.double() + self.dt_bias.double())).float()
 
         o = torch.zeros_like(v)
         for segments in plan.levels:

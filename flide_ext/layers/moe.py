@@ -43,9 +43,13 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert_gate = Linear(H, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(self.gate(x).float(), dim=-1)
+        # Router math on these narrow [T, E] tensors runs in float64 and is rounded
+        # once, so a row's weights do not depend on the round's size (CPU vector math
+        # treats a tensor's tail elements differently).
+        probs = torch.softmax(self.gate(x).double(), dim=-1)
         weights, experts = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         routed = mix_experts(self.experts, x, experts, weights.to(x.dtype))
-        return routed + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        shared_gate = torch.sigmoid(self.shared_expert_gate(x).double()).to(x.dtype)
+        return routed + shared_gate * self.shared_expert(x)

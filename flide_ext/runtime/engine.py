@@ -149,7 +149,7 @@ class Engine:
             prompts += [list(p) for p in group_prompts]
             labels += [list(l) for l in group_labels]
         self.last_round = RoundStats(requests=len(groups), questions=len(prompts))
-        self.last_checkpoints = [(0, 0)] * len(groups)
+        self.last_checkpoints = [(0, 0)] * len(groups)  # (resumed, kept) tokens per request
         if not prompts:
             return [[] for _ in groups]
 
@@ -161,6 +161,7 @@ class Engine:
                     resumed[r] = ckpt
         resume, offset = {}, 0
         for r in sorted(resumed):
+            self.last_checkpoints[r] = (len(resumed[r]), 0)
             resume[r] = Resume(len(resumed[r]), resumed[r].slot, offset)
             offset += len(resumed[r])
         kv_prefix = None
@@ -223,9 +224,6 @@ class Engine:
             if self.checkpoints.add(Checkpoint(tokens, slot, concat_kv(base, capture, rows))):
                 kept.add(s)
             self.last_checkpoints[r] = (base_len, len(tokens))
-        for r in resumed:
-            if self.last_checkpoints[r][1] == 0:
-                self.last_checkpoints[r] = (len(resumed[r]), 0)
         return kept
 
     def clear_checkpoints(self) -> None:

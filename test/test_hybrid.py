@@ -1,0 +1,129 @@
+"""Hybrid Gated DeltaNet models (Qwen3.5, Qwen3-Next): exact state forking in
+levels, checkpoint and resume, float32 on CPU against themselves alone and a
+transformers float32 forward."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from checkpoints import hf_label_logprobs
+from exact_checks import VOCAB, assert_exact, make_request
+
+HYBRIDS = ["qwen3_5", "qwen3_next"]
+
+
+@pytest.mark.parametrize("family", HYBRIDS)
+def test_multi_request_round(family, tiny_engines, tiny_hf):
+    rng = random.Random(11)
+    requests = [make_request(rng, n, q) for n, q in [(70, 5), (3, 4), (130, 6), (1, 2)]]
+    state = requests[0]["prompts"][0][:70]
+    # Duplicates, a question equal to the state, one-token questions.
+    requests.append({"prompts": [state, state + [1], state + [1], state + [2]], "label_token_ids": [7, 8, 9]})
+    stats = assert_exact(tiny_engines[family], tiny_hf[family], requests)
+    assert stats.stream_tokens < stats.prompt_tokens
+
+
+@pytest.mark.parametrize("family", HYBRIDS)
+@pytest.mark.parametrize("state_len", [1, 2, 3, 63, 64, 65, 127, 128, 129])
+def test_state_lengths_with_one_token_questions(family, state_len, tiny_engines, tiny_hf):
+    rng = random.Random(state_len)
+    state = [rng.randrange(VOCAB) for _ in range(state_len)]
+    one_token = [state + [t] for t in rng.sample(range(VOCAB), 4)]
+    longer = [state + [rng.randrange(VOCAB) for _ in range(rng.randint(2, 70))] for _ in range(2)]
+    request = {"prompts": one_token + longer, "label_token_ids": [3, 4, 5]}
+    assert_exact(tiny_engines[family], tiny_hf[family], [request, make_request(rng, 5, 2)])
+
+
+@pytest.mark.parametrize("family", HYBRIDS)
+def test_depth_three_tree_equals_each_leaf_alone(family, tiny_engines, tiny_hf):
+    rng = random.Random(4)
+    state = [rng.randrange(VOCAB) for _ in range(66)]
+    question = [rng.randrange(VOCAB) for _ in range(2)]  # shorter than the conv window
+    options = [[t] for t in rng.sample(range(VOCAB), 3)] + [[rng.randrange(VOCAB) for _ in range(5)]]
+    prompts = [state + question + o for o in options] + [state + question, state + [9]]
+    stats = assert_exact(tiny_engines[family], tiny_hf[family], [{"prompts": prompts, "label_token_ids": [1, 2]}])
+    assert stats.levels == 3
+
+
+def growing_history(rng, n):
+    return [rng.randrange(VOCAB) for _ in range(n)]
+
+
+def questions_after(rng, history, n=3):
+    firsts = rng.sample(range(VOCAB), n)  # distinct first tokens: the state is exactly the history
+    return [history + [f] + [rng.randrange(VOCAB) for _ in range(rng.randint(0, 4))] for f in firsts]
+
+
+@pytest.mark.parametrize("family", HYBRIDS + ["qwen3"])
+@pytest.mark.parametrize("split", [1, 63, 64, 65, 100])
+def test_checkpoint_then_resume_equals_one_call(family, split, tiny_engines):
+    engine = tiny_engines[family]
+    rng = random.Random(split)
+    history = growing_history(rng, 140)
+    prompts = questions_after(rng, history)
+    labels = [5, 6, 7]
+    engine.clear_checkpoints()
+    one_call = engine.score_tokens({"prompts": prompts, "label_token_ids": labels}).label_logprobs
+    first = engine.score_tokens({"prompts": [history[:split]], "label_token_ids": labels, "checkpoint": True})
+    assert first.checkpoint_tokens == split
+    resumed = engine.score_tokens({"prompts": prompts, "label_token_ids": labels})
+    assert resumed.resumed_tokens == split
+    computed = sum(len(p) for p in prompts) - len(prompts) * len(history) + (len(history) - split)
+    assert engine.last_round.stream_tokens == computed
+    for a, b in zip(resumed.label_logprobs, one_call):
+        assert max(abs(x - y) for x, y in zip(a, b)) <= 1e-5
+    engine.clear_checkpoints()
+
+
+@pytest.mark.parametrize("family", HYBRIDS)
+def test_eight_successive_resumes_of_a_growing_history(family, tiny_engines, tiny_hf):
+    engine = tiny_engines[family]
+    engine.clear_checkpoints()
+    rng = random.Random(8)
+    history = []
+    previous = 0
+    for step in range(8):
+        history = history + growing_history(rng, rng.randint(1, 40))
+        prompts = questions_after(rng, history, n=2)
+        answer = engine.score_tokens({"prompts": prompts, "label_token_ids": [1, 2, 3], "checkpoint": True})
+        assert answer.resumed_tokens == previous
+        assert answer.checkpoint_tokens == len(history)
+        previous = len(history)
+        for prompt, got in zip(prompts, answer.label_logprobs):
+            ref = hf_label_logprobs(tiny_hf[family], prompt, [1, 2, 3])
+            assert max(abs(x - y) for x, y in zip(got, ref)) <= 1e-4
+            assert got.index(max(got)) == ref.index(max(ref))
+    cold = engine.__class__(str(engine.path)).score_tokens({"prompts": prompts, "label_token_ids": [1, 2, 3]})
+    for a, b in zip(answer.label_logprobs, cold.label_logprobs):
+        assert max(abs(x - y) for x, y in zip(a, b)) <= 1e-5
+    engine.clear_checkpoints()
+
+
+@pytest.mark.parametrize("family", HYBRIDS + ["llama"])
+def test_same_request_cold_then_warm_is_identical(family, tiny_engines):
+    engine = tiny_engines[family]
+    engine.clear_checkpoints()
+    rng = random.Random(3)
+    history = growing_history(rng, 90)
+    request = {"prompts": questions_after(rng, history, n=4), "label_token_ids": [1, 2], "checkpoint": True}
+    cold = engine.score_tokens(request)
+    warm = engine.score_tokens(request)
+    assert cold.resumed_tokens == 0 and warm.resumed_tokens == 90
+    assert warm.label_logprobs == cold.label_logprobs
+    assert warm.probabilities == cold.probabilities
+    engine.clear_checkpoints()
+
+
+def test_checkpoint_slots_are_bounded(tiny_dirs):
+    from flide_ext import Engine
+
+    engine = Engine(str(tiny_dirs["qwen3_5"]), checkpoint_capacity=2)
+    rng = random.Random(1)
+    for _ in range(5):
+        history = growing_history(rng, 10)
+        engine.score_tokens({"prompts": questions_after(rng, history), "label_token_ids": [1], "checkpoint": True})
+    assert len(engine.checkpoints) == 2
+    pool = engine.state_pool
+    assert pool.capacity - len(pool.free) == 2  # only the kept checkpoints hold slots
