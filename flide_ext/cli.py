@@ -43,11 +43,16 @@ class Entry:
 
 def read_entries(path: str) -> list[Entry]:
     try:
-        lines = open(path, encoding="utf-8").read().splitlines()
+        # utf-8-sig: a byte-order mark is not part of the first line.
+        text = open(path, encoding="utf-8-sig").read()
     except OSError as e:
         raise CLIError(f"--input {path!r}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise CLIError(f"--input {path!r} is not UTF-8 text (byte {e.start})") from None
     entries = []
-    for n, line in enumerate(lines, 1):
+    # JSON lines end at "\n" only: U+2028 and friends are legal inside JSON strings.
+    for n, line in enumerate(text.split("\n"), 1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         ident = f"line-{n}"
@@ -56,11 +61,27 @@ def read_entries(path: str) -> list[Entry]:
         except json.JSONDecodeError as e:
             entries.append(Entry(ident, None, error=RequestError(f"line {n}", f"is not valid JSON: {e.msg}")))
             continue
+        except RecursionError:
+            entries.append(Entry(ident, None, error=RequestError(f"line {n}", "is nested too deeply")))
+            continue
         if isinstance(obj, dict) and "request" in obj:
-            entries.append(Entry(str(obj.get("id", ident)), obj["request"], obj.get("expected") or {}))
+            ident = str(obj.get("id", ident))
+            expected = obj.get("expected") or {}
+            if not isinstance(expected, dict):
+                error = RequestError("expected", "must be an object mapping question ids to answers")
+                entries.append(Entry(ident, None, error=error))
+                continue
+            entries.append(Entry(ident, obj["request"], expected))
         else:
             entries.append(Entry(ident, obj))
     return entries
+
+
+def write_line(out, line: dict) -> None:
+    try:
+        out.write(json.dumps(line, ensure_ascii=False) + "\n")
+    except UnicodeEncodeError:  # a lone surrogate in an id: escape it instead
+        out.write(json.dumps(line, ensure_ascii=True) + "\n")
 
 
 def predicted(answer: dict) -> str:
@@ -73,15 +94,18 @@ def run_decide(args) -> int:
 
     from . import Engine
 
+    if args.context_length is not None and args.context_length < 1:
+        raise CLIError("--context-length must be at least 1")
     entries = read_entries(args.input)
-    try:
-        out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    except OSError as e:
-        raise CLIError(f"--output {args.output!r}: {e.strerror}") from None
     try:
         engine = Engine(args.model, dtype=args.dtype, device=args.device, context_length=args.context_length)
     except (FlideError, ValueError) as e:
         raise CLIError(str(e)) from None
+    # Opened only once the model loaded, so a failed start leaves an old file intact.
+    try:
+        out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    except OSError as e:
+        raise CLIError(f"--output {args.output!r}: {e.strerror}") from None
 
     correct = total = failed = 0
     prompt_tokens = stream_tokens = 0
@@ -108,7 +132,7 @@ def run_decide(args) -> int:
                 if qid in response["answers"]:
                     total += 1
                     correct += predicted(response["answers"][qid]) == str(want)
-        out.write(json.dumps(line, ensure_ascii=False) + "\n")
+        write_line(out, line)
     if out is not sys.stdout:
         out.close()
 

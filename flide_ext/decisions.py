@@ -51,11 +51,43 @@ def parse_decision_request(obj: Any) -> DecisionRequest:
         return obj
     try:
         return DecisionRequest.model_validate(obj)
+    except RecursionError:
+        raise RequestError("request", "is nested too deeply") from None
     except ValidationError as e:
         err = e.errors()[0]
         loc = tuple(p for p in err["loc"] if p not in ("choice", "score", "yes_no"))
         message = err["msg"].removeprefix("Value error, ")
         raise RequestError(field_path(loc), message) from None
+
+
+def _check_text(value: Any, field: str) -> None:
+    """Raise RequestError unless ``value`` renders (as SGLang renders it) to text
+    that UTF-8 can encode."""
+    try:
+        sgl_decisions.render_text(value).encode("utf-8")
+    except (TypeError, ValueError, RecursionError, UnicodeEncodeError) as e:
+        raise RequestError(field, f"cannot be rendered as UTF-8 text: {type(e).__name__}: {e}") from None
+
+
+def check_texts(request: DecisionRequest) -> None:
+    """Check every text field of a request before it is rendered.
+
+    Raises:
+        RequestError: naming the first field that is not renderable text (a lone
+            surrogate, a value JSON cannot hold, a cycle, nesting too deep).
+    """
+    _check_text(request.input, "input")
+    for i, q in enumerate(request.questions):
+        _check_text(q.id, f"questions[{i}].id")
+        _check_text(q.question, f"questions[{i}].question")
+        for j, option in enumerate(getattr(q, "options", None) or []):
+            _check_text(option.name, f"questions[{i}].options[{j}].name")
+            _check_text(option.description, f"questions[{i}].options[{j}].description")
+        for j, level in enumerate(getattr(q, "levels", None) or []):
+            _check_text(level, f"questions[{i}].levels[{j}]")
+        for side in ("yes", "no"):
+            if hasattr(q, side):
+                _check_text(getattr(q, side), f"questions[{i}].{side}")
 
 
 def label_probabilities(label_logprobs: List[float], temperature: float) -> List[float]:
@@ -118,6 +150,7 @@ class DecisionRenderer:
                 token, a prompt over the context length, a bad chat template, ...).
         """
         self._check(request)
+        check_texts(request)
         text = sgl_decisions.render_text(request.input)
         kwargs = self._chat_template_kwargs(request)
         out = []
@@ -134,7 +167,12 @@ class DecisionRenderer:
                 )
             except Exception as e:  # jinja raises many kinds; all are the request's
                 raise RequestError("chat_template_kwargs", f"the chat template failed: {e}") from None
-            prompt_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+            try:
+                prompt_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+            except (TypeError, ValueError) as e:
+                raise RequestError("input", f"the prompt of question {question.id!r} cannot be tokenised: {e}") from None
+            if not prompt_ids:
+                raise RequestError("chat_template_kwargs", "the chat template rendered an empty prompt")
             if len(prompt_ids) >= self.context_length:
                 raise RequestError(
                     "input",

@@ -6,6 +6,11 @@ route can answer 4xx with it and a CLI can print it on one line.
 
 from __future__ import annotations
 
+import re
+
+# Pydantic names the member of a union it tried in the error location.
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none|dict\[.*\]|list\[.*\]|function-\w+\[.*\]|[\w-]+\[.*\])$")
+
 
 class FlideError(Exception):
     """Base class of Flide's user-facing errors."""
@@ -37,8 +42,8 @@ def field_path(loc: tuple) -> str:
     ``questions[1].options``."""
     out = ""
     for part in loc:
-        if isinstance(part, str) and "[" in part:
-            continue  # a union member's type tag such as 'list[int]', not a field
+        if isinstance(part, str) and _UNION_TAG.match(part):
+            continue  # a union member's type tag such as 'str' or 'list[int]', not a field
         if isinstance(part, int):
             out += f"[{part}]"
         else:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from .errors import RequestError, field_path
 
@@ -26,8 +26,8 @@ class TokenRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompts: List[List[int]] = Field(min_length=1)
-    label_token_ids: Union[List[int], List[List[int]]]
+    prompts: List[List[StrictInt]] = Field(min_length=1)
+    label_token_ids: Union[List[StrictInt], List[List[StrictInt]]]
     temperature: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     checkpoint: bool = False
 
@@ -66,6 +66,8 @@ def parse_token_request(obj) -> TokenRequest:
         return obj
     try:
         return TokenRequest.model_validate(obj)
+    except RecursionError:
+        raise RequestError("request", "is nested too deeply") from None
     except ValidationError as e:
         err = e.errors()[0]
         raise RequestError(field_path(err["loc"]), err["msg"]) from None

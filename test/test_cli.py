@@ -73,3 +73,36 @@ def test_missing_input_file_is_one_line_and_exit_2(tmp_path, char_model_dir):
     run = flide("decide", "--model", str(char_model_dir), "--input", str(tmp_path / "missing.jsonl"))
     assert run.returncode == 2
     assert run.stderr.strip().count("\n") == 0 and "--input" in run.stderr
+
+
+def test_odd_input_files(tmp_path, char_model_dir):
+    good = {"input": "Sky \u2028 line", "questions": [
+        {"id": "c", "type": "choice", "question": "Colour?", "options": [{"name": "blue"}, {"name": "red"}]}]}
+    src = tmp_path / "in.jsonl"
+    lines = [
+        json.dumps({"id": "sep", "request": good}, ensure_ascii=False),  # raw U+2028 inside a string
+        json.dumps({"id": "bad-expected", "request": good, "expected": ["blue"]}),
+        "[" * 5000 + "]" * 5000,
+    ]
+    src.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode("utf-8") + b"\n")  # BOM, CRLF
+    run = flide("decide", "--model", str(char_model_dir), "--input", str(src))
+    out = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [o["id"] for o in out] == ["sep", "bad-expected", "line-3"], run.stderr
+    assert "response" in out[0]
+    assert out[1]["error"]["field"] == "expected"
+    assert out[2]["error"]["field"] == "line 3"
+    assert run.returncode == 1
+
+
+def test_failed_start_leaves_the_output_alone(tmp_path, char_model_dir):
+    src, dst = tmp_path / "in.jsonl", tmp_path / "old.jsonl"
+    src.write_text("{}\n")
+    dst.write_text("keep me\n")
+    for args in (["--model", str(tmp_path / "nope")], ["--model", str(char_model_dir), "--device", "bogus"],
+                 ["--model", str(char_model_dir), "--context-length", "-5"]):
+        run = flide("decide", *args, "--input", str(src), "--output", str(dst))
+        assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert dst.read_text() == "keep me\n"
+    (tmp_path / "latin1.jsonl").write_bytes(b"\xff\xfe{}")
+    run = flide("decide", "--model", str(char_model_dir), "--input", str(tmp_path / "latin1.jsonl"))
+    assert run.returncode == 2 and "not UTF-8" in run.stderr

@@ -33,6 +33,18 @@ BAD = {
     "bad temperature": ({"input": "text", "questions": [choice("a")], "temperature": 0}, "temperature"),
     "images": ({"input": "text", "questions": [choice("a")], "images": ["data:image/png;base64,AAAA"]}, "images"),
     "not an object": ("just a string", "request"),
+    "input of the wrong type": ({"input": 0, "questions": [choice("a")]}, "input"),
+    "lone surrogate in input": ({"input": "abc \ud800", "questions": [choice("a")]}, "input"),
+    "lone surrogate in an option": ({"input": "x", "questions": [
+        {"id": "a", "type": "choice", "question": "?", "options": [{"name": "\ud800"}, {"name": "b"}]}]},
+        "questions[0].options[0].name"),
+    "lone surrogate in an id": ({"input": "x", "questions": [choice("\udcff")]}, "questions[0].id"),
+    "set in a JSON input": ({"input": {"a": {1}}, "questions": [choice("a")]}, "input"),
+    "deeply nested input": ({"input": __import__("functools").reduce(lambda acc, _: [acc], range(3000), "x"),
+                             "questions": [choice("a")]}, None),
+    "template renders nothing": ({"input": "x", "questions": [choice("a")],
+                                  "chat_template_kwargs": {"chat_template": "{% if false %}{% endif %}"}},
+                                 "chat_template_kwargs"),
 }
 
 
@@ -47,8 +59,10 @@ def test_bad_request_names_the_field(case, engine):
     request, field = BAD[case]
     with pytest.raises(RequestError) as info:
         engine.decide(request)
-    assert info.value.field == field, str(info.value)
+    assert info.value.field == field or (field is None and info.value.field in ("input", "request")), str(info.value)
     assert info.value.message
+    good = engine.decide_batch([request, GOOD[1]])
+    assert isinstance(good[0], RequestError) and not isinstance(good[1], RequestError)
 
 
 def test_bad_requests_leave_the_round_unharmed(engine):
@@ -73,6 +87,8 @@ TOKEN_BAD = {
     "label lists do not match prompts": ({"prompts": [[1], [2]], "label_token_ids": [[3, 4]]}, "label_token_ids"),
     "prompt over the context length": ({"prompts": [[1] * 160], "label_token_ids": [3]}, "prompts[0]"),
     "label not an integer": ({"prompts": [[1, 2]], "label_token_ids": ["A"]}, "label_token_ids"),
+    "booleans as token ids": ({"prompts": [[True, False]], "label_token_ids": [3]}, "prompts[0]"),
+    "a float as a token id": ({"prompts": [[1, 2.0]], "label_token_ids": [3]}, "prompts[0]"),
 }
 
 
@@ -99,6 +115,30 @@ def test_unknown_model_path(tmp_path):
         Engine(str(tmp_path))
 
 
-def test_unknown_dtype(char_model_dir):
+def test_unknown_dtype_device_and_context(char_model_dir):
     with pytest.raises(ValueError, match="dtype 'float8'"):
         Engine(str(char_model_dir), dtype="float8")
+    with pytest.raises(ModelLoadError, match="device"):
+        Engine(str(char_model_dir), device="bogus")
+    with pytest.raises(ValueError, match="context_length"):
+        Engine(str(char_model_dir), context_length=-5)
+
+
+def test_damaged_weights(char_model_dir, tmp_path):
+    import shutil
+
+    shutil.copytree(char_model_dir, tmp_path / "m")
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ModelLoadError, match="cannot read weights"):
+        Engine(str(tmp_path / "m"))
+
+
+def test_threads_share_an_engine_safely(engine):
+    from concurrent.futures import ThreadPoolExecutor
+
+    requests = [{"prompts": [[5, 6, 7, i], [5, 6, 8]], "label_token_ids": [1, 2]} for i in range(12)]
+    sequential = [engine.score_tokens(r) for r in requests]
+    with ThreadPoolExecutor(4) as pool:
+        single = list(pool.map(engine.score_tokens, requests))
+        batches = list(pool.map(lambda r: engine.score_tokens_batch([r, r])[1], requests))
+    assert single == sequential and batches == sequential

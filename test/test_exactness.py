@@ -87,3 +87,23 @@ def test_probabilities_follow_sglang_renormalisation(tiny_engines):
         expected = torch.softmax(torch.tensor(lp, dtype=torch.float64) / 0.5, 0)
         torch.testing.assert_close(torch.tensor(probs, dtype=torch.float64), expected)
         assert mass == pytest.approx(float(torch.tensor(lp, dtype=torch.float64).exp().sum()), rel=1e-12)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_forked_is_bitwise_alone(family, tiny_engines):
+    """Small forks and states longer than the reference's query block give the
+    very same bits inside a round as alone (over the whole vocabulary)."""
+    engine = tiny_engines[family]
+    rng = random.Random(2)
+    long_state = [rng.randrange(VOCAB) for _ in range(600)]
+    rounds = [
+        [[1, 2], [1, 3]],
+        [[5, 3, 1, 3], [5, 3, 511, 511], [5, 3, 1]],
+        [long_state + [1, 2, 3], long_state + [4], long_state[:550] + [9]],
+    ]
+    vocab = list(range(VOCAB))
+    for prompts in rounds:
+        together = engine.score_tokens({"prompts": prompts, "label_token_ids": vocab}).label_logprobs
+        for prompt, got in zip(prompts, together):
+            alone = engine.score_tokens({"prompts": [prompt], "label_token_ids": vocab}).label_logprobs[0]
+            assert got == alone

@@ -45,7 +45,12 @@ def fork_attention_ref(
     scale: float,
     sliding_window: Optional[int] = None,
 ) -> torch.Tensor:
-    """Plain PyTorch ForkAttention, segment by segment, in float32.
+    """Plain PyTorch ForkAttention, segment by segment, accumulated in float64.
+
+    Scores, softmax and the weighted sum run in float64 and are rounded once to
+    ``q.dtype``, so a row's output does not depend on how many rows or keys share
+    its block (float32 matmuls pick their reduction order by shape): a question
+    gets the same bits inside a round as alone.
 
     Args:
         q: ``[T, Hq, D]`` queries of the flat stream (any float dtype).
@@ -82,13 +87,13 @@ def fork_attention_ref(
         if n == 0:
             continue
         rows = _segment_key_rows(s, parent, kv_start, kv_len).to(q.device)
-        keys = k[rows].float()  # [M, Hkv, D]
-        values = v[rows].float()
+        keys = k[rows].double()  # [M, Hkv, D]
+        values = v[rows].double()
         key_pos = kv_positions[rows]
         prefix = rows.numel() - n  # keys from ancestor segments
         for b in range(0, n, _QUERY_BLOCK):
             e = min(n, b + _QUERY_BLOCK)
-            queries = q[start[s] + b : start[s] + e].float().view(e - b, Hkv, G, D)
+            queries = q[start[s] + b : start[s] + e].double().view(e - b, Hkv, G, D)
             scores = torch.einsum("qhgd,khd->hgqk", queries, keys) * scale
             own = torch.arange(b, e, device=q.device)[:, None]
             key_idx = torch.arange(rows.numel(), device=q.device)[None, :]

@@ -26,8 +26,10 @@ import torch.nn.functional as F
 
 
 def _prepare(q, k, v, g, beta, scale, use_qk_l2norm):
+    # float64 throughout, rounded once at the end: chunk boundaries (aligned to
+    # each segment's start) then change no bits of the float32 result in practice.
     HV = v.shape[1]
-    q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
+    q, k, v, g, beta = (t.double() for t in (q, k, v, g, beta))
     if use_qk_l2norm:
         q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
         k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
@@ -62,7 +64,7 @@ def recurrent_gated_delta_rule_ref(
         v: ``[T, HV, V]`` values.
         g: ``[T, HV]`` log decay (<= 0). beta: ``[T, HV]`` write strength in (0, 1).
         scale: query scale, usually ``K ** -0.5``.
-        state_pool: ``[N, HV, K, V]`` float32 recurrent states; written in place.
+        state_pool: ``[N, HV, K, V]`` recurrent states (float32); written in place.
         seg_start, seg_len: ``[S]`` int64 rows of the segments to run.
         initial_slot: ``[S]`` int64 slot of each segment's initial state, -1 for zeros.
         final_slot: ``[S]`` int64 slot for each segment's final state, -1 to skip.
@@ -72,10 +74,10 @@ def recurrent_gated_delta_rule_ref(
         ``[T, HV, V]`` outputs in ``v.dtype`` (rows outside the segments zero).
     """
     qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta, scale, use_qk_l2norm)
-    out = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    out = torch.zeros(v.shape, dtype=torch.float64, device=v.device)
     HV, K, V = vf.shape[1], kf.shape[2], vf.shape[2]
     for start, n, first, last in _segments(seg_start, seg_len, initial_slot, final_slot):
-        S = state_pool[first].clone() if first >= 0 else vf.new_zeros(HV, K, V)
+        S = state_pool[first].double() if first >= 0 else vf.new_zeros(HV, K, V)
         for t in range(start, start + n):
             S = S * gf[t].exp()[:, None, None]
             predicted = torch.einsum("hkv,hk->hv", S, kf[t])
@@ -83,7 +85,7 @@ def recurrent_gated_delta_rule_ref(
             S = S + kf[t][:, :, None] * delta[:, None, :]
             out[t] = torch.einsum("hkv,hk->hv", S, qf[t])
         if last >= 0:
-            state_pool[last] = S
+            state_pool[last] = S.to(state_pool.dtype)
     return out.to(v.dtype)
 
 
@@ -106,10 +108,10 @@ def chunk_gated_delta_rule_ref(
     :func:`recurrent_gated_delta_rule_ref`, plus ``chunk_size`` (chunks start at
     each segment's first row)."""
     qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta, scale, use_qk_l2norm)
-    out = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    out = torch.zeros(v.shape, dtype=torch.float64, device=v.device)
     HV, K, V = vf.shape[1], kf.shape[2], vf.shape[2]
     for start, n, first, last in _segments(seg_start, seg_len, initial_slot, final_slot):
-        S = state_pool[first].clone() if first >= 0 else vf.new_zeros(HV, K, V)
+        S = state_pool[first].double() if first >= 0 else vf.new_zeros(HV, K, V)
         for c0 in range(start, start + n, chunk_size):
             c1 = min(c0 + chunk_size, start + n)
             # Heads first: [HV, L, ...]
@@ -121,7 +123,7 @@ def chunk_gated_delta_rule_ref(
             decay = (gamma[:, :, None] - gamma[:, None, :]).masked_fill(~causal, float("-inf")).exp()
             kk = Kc @ Kc.transpose(1, 2)
             A = (b[:, :, None] * kk * decay).tril(-1)
-            system = A + torch.eye(L, device=v.device)
+            system = A + torch.eye(L, dtype=A.dtype, device=v.device)
             rhs = b[:, :, None] * (Vc - gamma.exp()[:, :, None] * (Kc @ S))
             U = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
             O = gamma.exp()[:, :, None] * (Q @ S) + ((Q @ Kc.transpose(1, 2)) * decay) @ U
@@ -129,7 +131,7 @@ def chunk_gated_delta_rule_ref(
             tail = (gamma[:, -1:] - gamma).exp()  # decay from each row to the chunk end
             S = gamma[:, -1].exp()[:, None, None] * S + (Kc * tail[:, :, None]).transpose(1, 2) @ U
         if last >= 0:
-            state_pool[last] = S
+            state_pool[last] = S.to(state_pool.dtype)
     return out.to(v.dtype)
 
 

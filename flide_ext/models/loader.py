@@ -53,13 +53,24 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device |
     params = dict(model.named_parameters())
     loaded = set()
     for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for stored in f.keys():
-                name = model.checkpoint_name(stored)
-                if name in params:
-                    with torch.no_grad():
-                        params[name].copy_(f.get_tensor(stored))
-                    loaded.add(name)
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                for stored in f.keys():
+                    name = model.checkpoint_name(stored)
+                    if name in params:
+                        tensor = f.get_tensor(stored)
+                        if tensor.shape != params[name].shape:
+                            raise ModelLoadError(
+                                f"{file.name}: {stored} has shape {tuple(tensor.shape)}, "
+                                f"the config implies {tuple(params[name].shape)}"
+                            )
+                        with torch.no_grad():
+                            params[name].copy_(tensor)
+                        loaded.add(name)
+        except ModelLoadError:
+            raise
+        except Exception as e:  # safetensors raises its own error types for damaged files
+            raise ModelLoadError(f"cannot read weights {str(file)!r}: {e}") from e
     for name, source in model.tied_weights.items():
         if name not in loaded:
             with torch.no_grad():

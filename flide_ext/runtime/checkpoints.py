@@ -33,17 +33,21 @@ class Checkpoint:
 
 
 class CheckpointStore:
-    """Least-recently-used checkpoints, at most ``capacity`` of them.
+    """Least-recently-used checkpoints: at most ``capacity`` of them, covering at
+    most ``max_tokens`` tokens together (their K/V is the memory that grows).
 
     Args:
-        capacity: checkpoints kept; the oldest is evicted first.
-        release_slot: called with a GDN slot when its checkpoint is evicted.
+        capacity: checkpoints kept; the least recently used is evicted first.
+        release_slot: called with a list of GDN slots when their checkpoint is evicted.
+        max_tokens: total tokens over all kept checkpoints.
     """
 
-    def __init__(self, capacity: int, release_slot):
+    def __init__(self, capacity: int, release_slot, max_tokens: int = 1 << 18):
         self.capacity = capacity
+        self.max_tokens = max_tokens
         self.release_slot = release_slot
         self.entries: "OrderedDict[tuple, Checkpoint]" = OrderedDict()
+        self.tokens = 0
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -68,9 +72,13 @@ class CheckpointStore:
         if checkpoint.tokens in self.entries:
             self.entries.move_to_end(checkpoint.tokens)
             return False
+        if len(checkpoint) > self.max_tokens or self.capacity < 1:
+            return False
         self.entries[checkpoint.tokens] = checkpoint
-        while len(self.entries) > self.capacity:
+        self.tokens += len(checkpoint)
+        while len(self.entries) > self.capacity or self.tokens > self.max_tokens:
             _, old = self.entries.popitem(last=False)
+            self.tokens -= len(old)
             if old.slot >= 0:
                 self.release_slot([old.slot])
         return True
@@ -80,6 +88,7 @@ class CheckpointStore:
             if ckpt.slot >= 0:
                 self.release_slot([ckpt.slot])
         self.entries.clear()
+        self.tokens = 0
 
 
 def concat_kv(base: Optional[Checkpoint], new_kv: list, rows: torch.Tensor) -> list:

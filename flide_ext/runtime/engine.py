@@ -9,6 +9,7 @@ been sent.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Union
 
@@ -23,6 +24,29 @@ from .checkpoints import Checkpoint, CheckpointStore, concat_kv
 from .state_pool import StatePool
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _check_device(device) -> torch.device:
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise ModelLoadError(f"device {device!r} is not a torch device: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {str(device)!r}: no CUDA device is available here")
+    if device.type not in ("cpu", "cuda"):
+        raise ModelLoadError(f"device {str(device)!r}: only cpu and cuda are supported")
+    return device
+
+
+def _serialised(method):
+    """Run an Engine method under the engine's lock (one round at a time)."""
+
+    def wrapper(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
+    return wrapper
 
 
 @dataclass
@@ -67,10 +91,15 @@ class Engine:
         tokenizer_path: tokenizer directory, if not the model's own.
         checkpoint_capacity: states kept as checkpoints (least recently used
             evicted first); requests resume from them automatically.
+        checkpoint_max_tokens: total tokens all kept checkpoints may cover (their
+            K/V memory), evicting least recently used first.
 
     Raises:
-        ModelLoadError: the model cannot be found or loaded.
-        ValueError: an unknown dtype.
+        ModelLoadError: the model cannot be found or loaded, or the device does not exist.
+        ValueError: an unknown dtype, or a context length below 1.
+
+    One engine serves one round at a time; calls from several threads wait for
+    each other.
     """
 
     def __init__(
@@ -81,13 +110,16 @@ class Engine:
         context_length: Optional[int] = None,
         tokenizer_path: Optional[str] = None,
         checkpoint_capacity: int = 64,
+        checkpoint_max_tokens: int = 1 << 18,
     ):
         if isinstance(dtype, str):
             if dtype not in _DTYPES:
                 raise ValueError(f"dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
             dtype = _DTYPES[dtype]
+        if context_length is not None and context_length < 1:
+            raise ValueError(f"context_length {context_length} must be at least 1")
+        self.device = _check_device(device)
         self.path = resolve_model_path(model_path)
-        self.device = torch.device(device)
         self.dtype = dtype
         self.model, self.config = load_model(self.path, dtype, self.device)
         self.config = self.model.config  # the text part, for multimodal checkpoints
@@ -102,7 +134,8 @@ class Engine:
             recurrent_shape, conv_shape = self.model.gdn_state_shapes()
             self.state_pool = StatePool(recurrent_shape, conv_shape, self.model.num_gdn_layers, dtype, self.device)
         release = self.state_pool.release if self.state_pool is not None else (lambda slots: None)
-        self.checkpoints = CheckpointStore(checkpoint_capacity, release)
+        self.checkpoints = CheckpointStore(checkpoint_capacity, release, checkpoint_max_tokens)
+        self._lock = threading.RLock()
 
     @property
     def renderer(self):
@@ -123,6 +156,7 @@ class Engine:
             self._renderer = DecisionRenderer(tokenizer, self.context_length)
         return self._renderer
 
+    @_serialised
     @torch.inference_mode()
     def run_round(
         self,
@@ -226,6 +260,7 @@ class Engine:
             self.last_checkpoints[r] = (base_len, len(tokens))
         return kept
 
+    @_serialised
     def clear_checkpoints(self) -> None:
         """Forget every checkpoint (and free their state slots)."""
         self.checkpoints.clear()
@@ -239,6 +274,7 @@ class Engine:
             raise result
         return result
 
+    @_serialised
     def score_tokens_batch(self, requests: Sequence[Any]) -> List[Union[TokenAnswer, RequestError]]:
         """Answer TokenRequests in one round; bad ones get their RequestError in place."""
         from ..decisions import label_mass, label_probabilities
@@ -291,6 +327,7 @@ class Engine:
             raise result
         return result
 
+    @_serialised
     def decide_batch(self, requests: Sequence[Any]) -> list:
         """Answer DecisionRequests as one round.
 
