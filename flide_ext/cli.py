@@ -166,6 +166,17 @@ def run_make_checkpoint(args) -> int:
     return 0
 
 
+def run_serve(args) -> int:
+    from .server.launch import ServeArgs, serve
+
+    fields = {k: v for k, v in vars(args).items() if k in ServeArgs.__dataclass_fields__ and v is not None}
+    try:
+        serve(ServeArgs(**fields))
+    except (FlideError, ValueError) as e:
+        raise CLIError(str(e)) from None
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flide", description="Exact forked decision inference.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -185,6 +196,18 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--seed", type=int, default=0)
     make.add_argument("--head-scale", type=float, default=1.0, help="LM head init scale (peaked distributions)")
     make.set_defaults(func=run_make_checkpoint)
+    serve = sub.add_parser("serve", help="serve SGLang's decision routes over HTTP")
+    serve.add_argument("--model-path", required=True, help="checkpoint directory or built-in name")
+    serve.add_argument("--tokenizer-path")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=30000)
+    serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    serve.add_argument("--device", default="cpu")
+    serve.add_argument("--api-key")
+    serve.add_argument("--random-seed", type=int)
+    serve.add_argument("--context-length", type=int)
+    serve.add_argument("--served-model-name")
+    serve.set_defaults(func=run_serve)
     return parser
 
 

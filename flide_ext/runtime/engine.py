@@ -184,6 +184,7 @@ class Engine:
             labels += [list(l) for l in group_labels]
         self.last_round = RoundStats(requests=len(groups), questions=len(prompts))
         self.last_checkpoints = [(0, 0)] * len(groups)  # (resumed, kept) tokens per request
+        self.last_request_stream_tokens = [0] * len(groups)
         if not prompts:
             return [[] for _ in groups]
 
@@ -220,6 +221,8 @@ class Engine:
             if self.state_pool is not None:
                 self.state_pool.release([slot for s, slot in enumerate(slots) if s not in kept])
 
+        for seg in plan.tree.segments:
+            self.last_request_stream_tokens[seg.request] += len(seg.tokens)
         rows = plan.prompt_readout.tolist()
         answers: List[List[List[float]]] = [[] for _ in groups]
         for r, row, ids in zip(requests, rows, labels):

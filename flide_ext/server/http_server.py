@@ -1,0 +1,123 @@
+"""The HTTP server: SGLang's decision routes, answered by Flide's forked executor.
+
+Routes (same wire format as SGLang, its own pydantic models): ``POST
+/v1/decisions``, ``POST /v1/score``; ``GET /health``, ``/model_info``,
+``/get_model_info``, ``/server_info``, ``/v1/models``, ``/metrics``. Bad input is
+answered 400 with SGLang's ``ErrorResponse`` whose ``param`` names the field;
+``--api-key`` requires ``Authorization: Bearer <key>`` (401 otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from ..errors import RequestError
+from .metrics import Metrics
+from .tokenizer_manager import SchedulerError, TokenizerManager
+
+
+@dataclass
+class ServerInfo:
+    model_path: str
+    served_model_name: str
+    context_length: int
+    vocab_size: int
+    dtype: str
+    device: str
+    api_key: Optional[str] = None
+
+
+def _error(status: int, message: str, param: Optional[str] = None, kind: str = "BadRequestError"):
+    from sglang.srt.entrypoints.openai.protocol import ErrorResponse
+
+    body = ErrorResponse(message=message, type=kind, param=param, code=status)
+    return JSONResponse(status_code=status, content=body.model_dump())
+
+
+def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> FastAPI:
+    """The FastAPI application over a running tokenizer manager."""
+    app = FastAPI(title="Flide", description="Exact forked decision inference for SGLang's decision routes.")
+
+    @app.middleware("http")
+    async def api_key_and_metrics(request: Request, call_next):
+        start = time.perf_counter()
+        open_paths = ("/health", "/metrics", "/docs", "/openapi.json")
+        if info.api_key and request.url.path not in open_paths:
+            if request.headers.get("authorization", "") != f"Bearer {info.api_key}":
+                response = _error(401, "a valid API key is required (Authorization: Bearer <key>)", "authorization",
+                                  "AuthenticationError")
+                metrics.observe(request.url.path, 401, time.perf_counter() - start)
+                return response
+        response = await call_next(request)
+        metrics.observe(request.url.path, response.status_code, time.perf_counter() - start)
+        return response
+
+    async def body_of(request: Request):
+        raw = await request.body()
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise RequestError("body", f"is not valid JSON: {e}") from None
+
+    async def answer(request: Request, handler):
+        try:
+            result = await handler(await body_of(request))
+        except RequestError as e:
+            return _error(400, e.message, e.field)
+        except SchedulerError as e:
+            return _error(500, str(e), None, "InternalServerError")
+        return JSONResponse(content=result.model_dump(exclude_none=True))
+
+    @app.post("/v1/decisions")
+    async def decisions(request: Request):
+        """SGLang ``DecisionRequest`` -> ``DecisionResponse``."""
+        manager.start()
+        return await answer(request, manager.decide)
+
+    @app.post("/v1/score")
+    async def score(request: Request):
+        """SGLang ``ScoringRequest`` -> ``ScoringResponse`` (delimiter-free)."""
+        manager.start()
+        return await answer(request, manager.score_request)
+
+    @app.get("/health")
+    async def health():
+        return Response(status_code=200)
+
+    def model_info():
+        return {
+            "model_path": info.model_path,
+            "tokenizer_path": info.model_path,
+            "is_generation": True,
+            "served_model_name": info.served_model_name,
+            "context_length": info.context_length,
+            "decision_mode": True,
+        }
+
+    app.get("/model_info")(model_info)
+    app.get("/get_model_info")(model_info)
+
+    @app.get("/server_info")
+    async def server_info():
+        return {"decision_mode": True, "model_path": info.model_path, "dtype": info.dtype, "device": info.device,
+                "context_length": info.context_length, "vocab_size": info.vocab_size}
+
+    @app.get("/v1/models")
+    async def models():
+        from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList
+
+        card = ModelCard(id=info.served_model_name, root=info.model_path, max_model_len=info.context_length,
+                         owned_by="flide")
+        return JSONResponse(content=ModelList(data=[card]).model_dump())
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(content=metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return app

@@ -1,0 +1,88 @@
+"""Start Flide's server: the scheduler process, then the tokenizer manager and
+the HTTP server (uvicorn) in this process."""
+
+from __future__ import annotations
+
+import multiprocessing
+import tempfile
+from dataclasses import dataclass
+from typing import Optional
+
+from ..errors import FlideError
+
+
+@dataclass
+class ServeArgs:
+    """What ``flide serve`` and ``--decision-mode`` accept (SGLang's names)."""
+
+    model_path: str
+    tokenizer_path: Optional[str] = None
+    host: str = "127.0.0.1"
+    port: int = 30000
+    dtype: str = "float32"
+    device: str = "cpu"
+    api_key: Optional[str] = None
+    random_seed: Optional[int] = None
+    context_length: Optional[int] = None
+    served_model_name: Optional[str] = None
+    max_round_requests: int = 256
+    log_level: str = "warning"
+
+
+def serve(args: ServeArgs) -> None:
+    """Run the server until interrupted.
+
+    Raises:
+        FlideError: the model or tokenizer cannot be loaded.
+    """
+    import shutil
+
+    import uvicorn
+    import zmq
+    import zmq.asyncio
+    from transformers import AutoTokenizer
+
+    from ..builtin_models import resolve_model_path
+    from .http_server import ServerInfo, build_app
+    from .metrics import Metrics
+    from .scheduler import run_scheduler
+    from .tokenizer_manager import TokenizerManager
+
+    if args.random_seed is not None:
+        import torch
+
+        torch.manual_seed(args.random_seed)
+    path = str(resolve_model_path(args.model_path))
+    ipc = tempfile.mkdtemp(prefix="flide-")
+    work_addr, done_addr = f"ipc://{ipc}/work", f"ipc://{ipc}/done"
+    # The readiness message is read synchronously; the asyncio socket that reads
+    # results is bound on the same address afterwards (ZMQ reconnects the pusher).
+    sync = zmq.Context()
+    waiting = sync.socket(zmq.PULL)
+    waiting.bind(done_addr)
+    engine_kwargs = dict(model_path=path, dtype=args.dtype, device=args.device, context_length=args.context_length,
+                         tokenizer_path=args.tokenizer_path)
+    scheduler = multiprocessing.get_context("spawn").Process(
+        target=run_scheduler, args=(engine_kwargs, work_addr, done_addr, args.max_round_requests), daemon=True
+    )
+    scheduler.start()
+    ready = waiting.recv_pyobj()
+    waiting.close(linger=0)
+    sync.term()
+    if isinstance(ready, Exception):
+        scheduler.join(5)
+        shutil.rmtree(ipc, ignore_errors=True)
+        raise FlideError(str(ready))
+    done = zmq.asyncio.Context.instance().socket(zmq.PULL)
+    done.bind(done_addr)
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or path)
+    metrics = Metrics()
+    manager = TokenizerManager(tokenizer, ready.context_length, ready.vocab_size, work_addr, done, metrics)
+    info = ServerInfo(path, args.served_model_name or args.model_path, ready.context_length, ready.vocab_size,
+                      args.dtype, args.device, args.api_key)
+    app = build_app(manager, info, metrics)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        scheduler.terminate()
+        shutil.rmtree(ipc, ignore_errors=True)

@@ -1,0 +1,148 @@
+"""The tokenizer manager: renders and tokenises requests in the HTTP process,
+sends their prompts to the scheduler over ZMQ and awaits the answers."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import List, Optional
+
+import zmq
+import zmq.asyncio
+
+from ..decisions import DecisionRenderer, label_mass, label_probabilities, parse_decision_request
+from ..errors import RequestError
+from .io_struct import ScoreDone, ScoreWork
+from .metrics import Metrics
+
+
+class SchedulerError(RuntimeError):
+    """The scheduler could not answer (HTTP 500)."""
+
+
+class TokenizerManager:
+    """Args:
+        tokenizer: the model's transformers tokenizer.
+        context_length: longest prompt accepted (exclusive), in tokens.
+        vocab_size: the model's vocabulary size.
+        work_addr: the scheduler's ZMQ PULL address.
+        done_addr: this manager's ZMQ PULL address for results.
+        metrics: Prometheus metrics to update.
+    """
+
+    def __init__(self, tokenizer, context_length: int, vocab_size: int, work_addr: str, done_socket, metrics: Metrics):
+        self.tokenizer = tokenizer
+        self.context_length = context_length
+        self.vocab_size = vocab_size
+        self.renderer = DecisionRenderer(tokenizer, context_length)
+        self.context = zmq.asyncio.Context.instance()
+        self.work = self.context.socket(zmq.PUSH)
+        self.work.connect(work_addr)
+        self.done = done_socket
+        self.pending: dict[int, asyncio.Future] = {}
+        self.rids = itertools.count()
+        self.metrics = metrics
+        self._receiver: Optional[asyncio.Task] = None
+
+    def start(self) -> None:
+        if self._receiver is None:
+            self._receiver = asyncio.get_running_loop().create_task(self._receive())
+
+    async def _receive(self) -> None:
+        while True:
+            done: ScoreDone = await self.done.recv_pyobj()
+            future = self.pending.pop(done.rid, None)
+            if future is not None and not future.done():  # a client may have gone away
+                future.set_result(done)
+
+    async def score(self, prompts: List[List[int]], labels: List[List[int]], keep_state: bool = False) -> ScoreDone:
+        """Run one request's prompts in the scheduler's next round."""
+        self.start()
+        rid = next(self.rids)
+        future = asyncio.get_running_loop().create_future()
+        self.pending[rid] = future
+        await self.work.send_pyobj(ScoreWork(rid, prompts, labels, keep_state))
+        try:
+            done = await future
+        finally:
+            self.pending.pop(rid, None)
+        if done.error:
+            raise SchedulerError(done.error)
+        self.metrics.tokens(sum(len(p) for p in prompts), done.stream_tokens)
+        return done
+
+    async def decide(self, body):
+        """A ``/v1/decisions`` body -> SGLang DecisionResponse. Raises RequestError."""
+        request = parse_decision_request(body)
+        encoded = self.renderer.encode(request)
+        done = await self.score([q.prompt_ids for q in encoded], [q.label_ids for q in encoded])
+        return self.renderer.respond(request, encoded, done.label_logprobs)
+
+    def _ids(self, value, field: str, special: bool) -> List[int]:
+        if isinstance(value, str):
+            if not value:
+                raise RequestError(field, "is empty")
+            return self.tokenizer.encode(value, add_special_tokens=special)
+        if any(type(t) is not int or not 0 <= t < self.vocab_size for t in value):
+            raise RequestError(field, f"token ids must be integers in [0, {self.vocab_size})")
+        return list(value)
+
+    async def score_request(self, body):
+        """A ``/v1/score`` body -> SGLang ScoringResponse. Each item is scored as
+        its own query+item prompt (no delimiter token), forked from the shared query.
+
+        Raises:
+            RequestError: naming the offending field.
+        """
+        from pydantic import ValidationError
+        from sglang.srt.entrypoints.openai.protocol import ScoringRequest, ScoringResponse, UsageInfo
+
+        from ..errors import field_path
+
+        try:
+            request = ScoringRequest.model_validate(body)
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise RequestError(field_path(err["loc"]), err["msg"]) from None
+        unsupported = {
+            "score_extraction_token": request.score_extraction_token,
+            "return_pooled_hidden_states": request.return_pooled_hidden_states or None,
+            "embed_override_token_id": request.embed_override_token_id,
+        }
+        for name, value in unsupported.items():
+            if value is not None:
+                raise RequestError(name, "is not supported by Flide's /v1/score")
+        if request.items is None or request.items == [] or request.items == "":
+            raise RequestError("items", "give at least one item")
+        if request.label_token_ids is None:
+            raise RequestError("label_token_ids", "is required for a causal LM")
+        if request.temperature != 1.0 and not request.apply_softmax:
+            raise RequestError("temperature", "requires apply_softmax=true")
+        items = [request.items] if isinstance(request.items, str) else request.items
+        query = self._ids(request.query or [], "query", special=True)
+        item_ids = [self._ids(item, f"items[{i}]", special=False) for i, item in enumerate(items)]
+        prompts = [(ids + query) if request.item_first else (query + ids) for ids in item_ids]
+        labels = request.label_token_ids
+        per_item = bool(labels) and isinstance(labels[0], list)
+        from ..requests import TokenRequest, check_token_request
+
+        token_request = TokenRequest(prompts=prompts, label_token_ids=labels, temperature=request.temperature)
+        try:
+            check_token_request(token_request, self.vocab_size, self.context_length)
+        except RequestError as e:
+            raise RequestError(e.field.replace("prompts", "items"), e.message) from None
+        label_lists = [labels[i] if per_item else labels for i in range(len(prompts))]
+        done = await self.score(prompts, label_lists)
+        if request.apply_softmax:
+            scores = [label_probabilities(lp, request.temperature) for lp in done.label_logprobs]
+        else:
+            import math
+
+            scores = [[math.exp(x) for x in lp] for lp in done.label_logprobs]
+        prompt_tokens = sum(len(p) for p in prompts)
+        return ScoringResponse(
+            scores=scores,
+            token_logprobs=done.label_logprobs if request.return_token_logprobs else None,
+            model=request.model,
+            usage=UsageInfo(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens),
+        )

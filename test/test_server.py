@@ -1,0 +1,204 @@
+"""The real server (``flide serve``) as a subprocess on CPU: SGLang's wire format,
+answers equal to the Engine's, concurrency without loss, bad input as 4xx."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from flide_ext import Engine
+from flide_ext.decisions import parse_decision_request
+
+KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(char_model_dir, tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flide_ext.cli", "serve", "--model-path", str(char_model_dir), "--port", str(port),
+         "--api-key", KEY, "--context-length", "400"],
+        stdout=open(log, "w"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        try:
+            if requests.get(f"{url}/health", timeout=1).status_code == 200:
+                break
+        except requests.RequestException:
+            time.sleep(0.5)
+        assert proc.poll() is None, log.read_text()
+    else:
+        proc.kill()
+        pytest.fail("server did not start: " + log.read_text())
+    yield url
+    proc.terminate()
+    proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def engine(char_model_dir):
+    return Engine(str(char_model_dir), context_length=400)
+
+
+def choice(qid, n=3, question="Which one?"):
+    return {"id": qid, "type": "choice", "question": question, "options": [{"name": f"opt{i}"} for i in range(n)]}
+
+
+def random_request(rng):
+    words = ["cat", "dog", "sky", "blue", "rain", "sun", "tree", "road"]
+    text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 25)))
+    questions = [choice(f"q{i}", rng.randint(2, 6), f"Pick {rng.choice(words)}") for i in range(rng.randint(1, 6))]
+    if rng.random() < 0.3:
+        questions.append({"id": "s", "type": "score", "question": "How much?", "levels": ["low", "mid", "high"]})
+    return {"input": text, "questions": questions}
+
+
+def test_decisions_match_the_engine(server, engine):
+    rng = random.Random(0)
+    for _ in range(5):
+        request = {**random_request(rng), "return_prompt_token_ids": True}
+        got = requests.post(f"{server}/v1/decisions", json=request, headers=AUTH).json()
+        want = engine.decide(request).model_dump(exclude_none=True)
+        encoded = engine.renderer.encode(parse_decision_request(request))
+        for q, enc in zip(request["questions"], encoded):
+            a, b = got["answers"][q["id"]], want["answers"][q["id"]]
+            assert a["prompt_token_ids"] == enc.prompt_ids and a["label_token_ids"] == enc.label_ids
+            for name in b["probabilities"]:
+                assert abs(a["probabilities"][name] - b["probabilities"][name]) <= 1e-6
+            assert abs(a["label_mass"] - b["label_mass"]) <= 1e-6
+
+
+def test_score_route_matches_the_engine(server, engine):
+    body = {"query": "Sky is ", "items": ["blue", "red", "green"], "label_token_ids": [1, 2, 3], "apply_softmax": True}
+    got = requests.post(f"{server}/v1/score", json=body, headers=AUTH).json()
+    tok = engine.renderer.tokenizer
+    query = tok.encode("Sky is ")
+    prompts = [query + tok.encode(item, add_special_tokens=False) for item in body["items"]]
+    want = engine.score_tokens({"prompts": prompts, "label_token_ids": [1, 2, 3]}).probabilities
+    for a, b in zip(got["scores"], want):
+        assert max(abs(x - y) for x, y in zip(a, b)) <= 1e-6
+
+
+async def _concurrent(url, bodies, clients):
+    import aiohttp
+
+    results = [None] * len(bodies)
+    queue = asyncio.Queue()
+    for i in range(len(bodies)):
+        queue.put_nowait(i)
+
+    async def client(session):
+        while not queue.empty():
+            i = queue.get_nowait()
+            async with session.post(f"{url}/v1/decisions", json=bodies[i], headers=AUTH) as r:
+                results[i] = (r.status, await r.json())
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        await asyncio.gather(*(client(session) for _ in range(clients)))
+    return results
+
+
+def test_64_clients_1000_requests_lose_nothing(server, engine):
+    rng = random.Random(1)
+    unique = [random_request(rng) for _ in range(100)]
+    alone = [engine.decide(r).model_dump(exclude_none=True) for r in unique]
+    order = [rng.randrange(len(unique)) for _ in range(1000)]
+    results = asyncio.run(_concurrent(server, [unique[i] for i in order], clients=64))
+    for i, (status, body) in zip(order, results):
+        assert status == 200, body
+        for qid, answer in alone[i]["answers"].items():
+            got = body["answers"][qid]["probabilities"]
+            assert max(abs(got[k] - v) for k, v in answer["probabilities"].items()) <= 1e-6
+    assert requests.get(f"{server}/health", timeout=5).status_code == 200
+
+
+BAD = {
+    "malformed JSON": ("{not json", "body"),
+    "unknown question type": ({"input": "x", "questions": [{"id": "a", "type": "rank", "question": "?"}]}, "questions[0]"),
+    "duplicate ids": ({"input": "x", "questions": [choice("a"), choice("a")]}, "questions"),
+    "too many options": ({"input": "x", "questions": [choice("a", 27)]}, "questions[0].options"),
+    "label not one token": ({"input": "x", "questions": [{"id": "y", "type": "yes_no", "question": "Is it?"}]}, "questions[0]"),
+    "input over the context length": ({"input": "word " * 100, "questions": [choice("a")]}, "input"),
+    "empty input": ({"input": "", "questions": [choice("a")]}, "input"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_400_naming_the_field(case, server):
+    body, field = BAD[case]
+    data = body if isinstance(body, str) else json.dumps(body)
+    r = requests.post(f"{server}/v1/decisions", data=data, headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert r.json()["param"] == field and r.json()["message"]
+    ok = requests.post(f"{server}/v1/decisions", json={"input": "x", "questions": [choice("a")]}, headers=AUTH)
+    assert ok.status_code == 200
+
+
+def test_wrong_api_key_is_401(server):
+    r = requests.post(f"{server}/v1/decisions", json={"input": "x", "questions": [choice("a")]},
+                      headers={"Authorization": "Bearer nope"})
+    assert r.status_code == 401 and r.json()["param"] == "authorization"
+    assert requests.get(f"{server}/health").status_code == 200
+
+
+def test_disconnected_clients_lose_no_other_answer(server, engine):
+    rng = random.Random(2)
+    bodies = [random_request(rng) for _ in range(40)]
+
+    async def run():
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session:
+            async def impatient(body):
+                try:
+                    async with session.post(f"{server}/v1/decisions", json=body, headers=AUTH,
+                                            timeout=aiohttp.ClientTimeout(total=0.001)) as r:
+                        await r.read()
+                except (asyncio.TimeoutError, aiohttp.ClientError):
+                    pass
+
+            async def patient(body):
+                async with session.post(f"{server}/v1/decisions", json=body, headers=AUTH) as r:
+                    return r.status, await r.json()
+
+            tasks = [impatient(b) if i % 2 else patient(b) for i, b in enumerate(bodies)]
+            return await asyncio.gather(*tasks)
+
+    results = asyncio.run(run())
+    for i, result in enumerate(results):
+        if i % 2 == 0:
+            status, body = result
+            assert status == 200
+            want = engine.decide(bodies[i]).model_dump(exclude_none=True)
+            assert body["answers"].keys() == want["answers"].keys()
+
+
+def test_info_routes_and_metrics(server):
+    models = requests.get(f"{server}/v1/models", headers=AUTH).json()
+    assert models["data"][0]["max_model_len"] == 400
+    for path in ("/model_info", "/get_model_info", "/server_info"):
+        assert requests.get(f"{server}{path}", headers=AUTH).json()["context_length"] == 400
+    text = requests.get(f"{server}/metrics").text
+    saved = [line for line in text.splitlines() if line.startswith("flide_tokens_saved_total ")]
+    assert saved and float(saved[0].split()[1]) > 0
+    assert 'flide_requests_total{route="/v1/decisions",status="200"}' in text
+    assert "flide_request_latency_seconds_bucket" in text
