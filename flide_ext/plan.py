@@ -101,9 +101,10 @@ class FlatPlan:
         return len(self.levels)
 
     def assign_slots(self, slots: Sequence[int]) -> None:
-        """Give each real segment a GDN pool slot (its final state goes there);
-        each segment's initial state is its parent's slot, a resumed root's its
-        checkpoint's slot, and zeros (-1) for other roots."""
+        """Give each real segment a GDN pool slot for its final state (-1: not kept,
+        for segments no one reads from); each segment's initial state is its
+        parent's slot, a resumed root's its checkpoint's slot, and zeros (-1) for
+        other roots."""
         device = self.token_ids.device
         S = self.num_segments
         if len(slots) != S:

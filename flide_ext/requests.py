@@ -63,7 +63,7 @@ def parse_token_request(obj) -> TokenRequest:
         RequestError: naming the first offending field.
     """
     if isinstance(obj, TokenRequest):
-        return obj
+        obj = obj.model_dump()  # fields may have been assigned after validation
     try:
         return TokenRequest.model_validate(obj)
     except RecursionError:

@@ -163,3 +163,56 @@ def test_flide_decide_with_a_qwen35_checkpoint_directory(tmp_path):
     assert set(got) == {"day", "moved", "sure"}
     for qid in got:
         assert got[qid]["probabilities"] == pytest.approx(want[qid]["probabilities"], abs=1e-6)
+
+
+@pytest.mark.parametrize("family", HYBRIDS)
+def test_forked_and_resumed_are_bitwise_alone(family, tmp_path):
+    """With peaked logits (label log-probabilities far below zero), a question in a
+    round and after successive resumes gives the same bits as alone."""
+    from checkpoints import write_tiny_checkpoint
+    from flide_ext import Engine
+
+    directory = write_tiny_checkpoint(tmp_path / family, family, seed=5, head_scale=20.0)
+    engine = Engine(str(directory))
+    rng = random.Random(2)
+    state = [rng.randrange(VOCAB) for _ in range(300)]
+    prompts = [state + [rng.randrange(VOCAB) for _ in range(2)] for _ in range(4)]
+    labels = list(range(0, VOCAB, 3))
+    together = engine.score_tokens({"prompts": prompts, "label_token_ids": labels}).label_logprobs
+    for prompt, got in zip(prompts, together):
+        assert got == engine.score_tokens({"prompts": [prompt], "label_token_ids": labels}).label_logprobs[0]
+    for split in (150, 170, 299):
+        engine.score_tokens({"prompts": [state[:split]], "label_token_ids": labels, "checkpoint": True})
+    resumed = engine.score_tokens({"prompts": prompts, "label_token_ids": labels})
+    assert resumed.resumed_tokens == 299 and resumed.label_logprobs == together
+
+
+def test_a_failing_round_raises_its_own_error_and_frees_its_slots(tiny_dirs, monkeypatch):
+    from flide_ext import Engine
+
+    engine = Engine(str(tiny_dirs["qwen3_5"]))
+    request = {"prompts": [[1, 2, 3, 4], [1, 2, 3, 5]], "label_token_ids": [1], "checkpoint": True}
+
+    def broken(*args, **kwargs):
+        raise MemoryError("simulated")
+
+    monkeypatch.setattr(engine.model, "forward", broken)
+    with pytest.raises(MemoryError, match="simulated"):
+        engine.score_tokens(request)
+    pool = engine.state_pool
+    assert pool.capacity == len(pool.free) and len(engine.checkpoints) == 0
+    monkeypatch.undo()
+    assert engine.score_tokens(request).checkpoint_tokens == 3
+
+
+def test_checkpoint_arguments_and_budget(tiny_dirs):
+    from flide_ext import Engine
+
+    for bad in (None, "4", -1, 2.5):
+        with pytest.raises(ValueError, match="checkpoint_capacity"):
+            Engine(str(tiny_dirs["qwen3"]), checkpoint_capacity=bad)
+    engine = Engine(str(tiny_dirs["qwen3_5"]), checkpoint_max_tokens=10)
+    state = list(range(20))
+    answer = engine.score_tokens({"prompts": [state + [1], state + [2]], "label_token_ids": [1], "checkpoint": True})
+    assert answer.checkpoint_tokens == 0 and len(engine.checkpoints) == 0
+    assert engine.state_pool.capacity == len(engine.state_pool.free)

@@ -118,6 +118,9 @@ class Engine:
             dtype = _DTYPES[dtype]
         if context_length is not None and context_length < 1:
             raise ValueError(f"context_length {context_length} must be at least 1")
+        for name, value in (("checkpoint_capacity", checkpoint_capacity), ("checkpoint_max_tokens", checkpoint_max_tokens)):
+            if type(value) is not int or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, not {value!r}")
         self.device = _check_device(device)
         self.path = resolve_model_path(model_path)
         self.dtype = dtype
@@ -132,7 +135,14 @@ class Engine:
         self.state_pool = None
         if self.model.num_gdn_layers:
             recurrent_shape, conv_shape = self.model.gdn_state_shapes()
-            self.state_pool = StatePool(recurrent_shape, conv_shape, self.model.num_gdn_layers, dtype, self.device)
+            # The CPU float32 reference keeps recurrent states in float64, so a state
+            # handed from parent to child (or kept as a checkpoint) loses no bits
+            # against running the whole prompt at once.
+            exact = self.device.type == "cpu" and dtype == torch.float32
+            self.state_pool = StatePool(
+                recurrent_shape, conv_shape, self.model.num_gdn_layers, dtype, self.device,
+                recurrent_dtype=torch.float64 if exact else torch.float32,
+            )
         release = self.state_pool.release if self.state_pool is not None else (lambda slots: None)
         self.checkpoints = CheckpointStore(checkpoint_capacity, release, checkpoint_max_tokens)
         self._lock = threading.RLock()
@@ -211,15 +221,21 @@ class Engine:
         plan = plan_round(requests, prompts, self.device, resume)
         slots = []
         if self.state_pool is not None:
-            slots = self.state_pool.allocate(plan.num_segments)
+            # Only segments whose final state someone reads get a slot: parents,
+            # and the roots of requests that keep their state.
+            needed = {seg.parent for seg in plan.tree.segments if seg.parent >= 0}
+            needed |= {s for s, seg in enumerate(plan.tree.segments) if seg.parent < 0 and keep_state[seg.request]}
+            taken = iter(self.state_pool.allocate(len(needed)))
+            slots = [next(taken) if s in needed else -1 for s in range(plan.num_segments)]
             plan.assign_slots(slots)
         capture = [] if any(keep_state) else None
+        kept: set = set()
         try:
             logprobs = self.model(plan, self.state_pool, kv_prefix, capture).cpu()  # [R, vocab]
             kept = self._keep_checkpoints(plan, groups, keep_state, resumed, slots, capture)
         finally:
             if self.state_pool is not None:
-                self.state_pool.release([slot for s, slot in enumerate(slots) if s not in kept])
+                self.state_pool.release([slot for s, slot in enumerate(slots) if slot >= 0 and s not in kept])
 
         for seg in plan.tree.segments:
             self.last_request_stream_tokens[seg.request] += len(seg.tokens)
@@ -260,7 +276,8 @@ class Engine:
             slot = slots[s] if slots else -1
             if self.checkpoints.add(Checkpoint(tokens, slot, concat_kv(base, capture, rows))):
                 kept.add(s)
-            self.last_checkpoints[r] = (base_len, len(tokens))
+            if tokens in self.checkpoints.entries:  # kept now or already (not refused by the budget)
+                self.last_checkpoints[r] = (base_len, len(tokens))
         return kept
 
     @_serialised

@@ -1,9 +1,10 @@
 """The GDN state pool: fixed-size recurrent states and conv windows in slots.
 
 One slot holds, for every GDN layer of the model, a recurrent state
-``[HV, K, V]`` (float32) and a conv window ``[C, W-1]`` (model dtype); a slot
+``[HV, K, V]`` (float32; float64 in the CPU float32 reference) and a conv window ``[C, W-1]`` (model dtype); a slot
 index means the same position in every layer. A round takes one slot per
-segment; a child segment reads its parent's slot by index. Slots of states kept
+segment that has children (or whose state is kept); a child segment reads its
+parent's slot by index. Slots of states kept
 as checkpoints stay taken until the checkpoint is evicted.
 """
 
@@ -22,12 +23,17 @@ class StatePool:
         conv_dtype: dtype of the conv windows (the model dtype).
         device: where the pool lives.
         capacity: initial slot count; the pool doubles when it runs out.
+        recurrent_dtype: dtype of the recurrent states (float32; float64 for the
+            CPU reference).
     """
 
-    def __init__(self, recurrent_shape, conv_shape, num_layers, conv_dtype, device, capacity: int = 64):
+    def __init__(self, recurrent_shape, conv_shape, num_layers, conv_dtype, device, capacity: int = 8,
+                 recurrent_dtype: torch.dtype = torch.float32):
         self.recurrent_shape, self.conv_shape = tuple(recurrent_shape), tuple(conv_shape)
         self.conv_dtype, self.device = conv_dtype, device
-        self.recurrent = [torch.zeros(capacity, *self.recurrent_shape, device=device) for _ in range(num_layers)]
+        self.recurrent = [
+            torch.zeros(capacity, *self.recurrent_shape, dtype=recurrent_dtype, device=device) for _ in range(num_layers)
+        ]
         self.conv = [torch.zeros(capacity, *self.conv_shape, dtype=conv_dtype, device=device) for _ in range(num_layers)]
         self.free = list(range(capacity))
 
@@ -40,7 +46,9 @@ class StatePool:
         while len(self.free) < n:
             old = self.capacity
             grow = max(old, n - len(self.free))
-            self.recurrent = [torch.cat([t, torch.zeros(grow, *t.shape[1:], device=t.device)]) for t in self.recurrent]
+            self.recurrent = [
+                torch.cat([t, torch.zeros(grow, *t.shape[1:], dtype=t.dtype, device=t.device)]) for t in self.recurrent
+            ]
             self.conv = [torch.cat([t, torch.zeros(grow, *t.shape[1:], dtype=t.dtype, device=t.device)]) for t in self.conv]
             self.free.extend(range(old, old + grow))
         taken, self.free = self.free[:n], self.free[n:]
