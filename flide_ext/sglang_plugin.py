@@ -1,0 +1,108 @@
+"""Flide as an SGLang plugin (entry-point group ``sglang.srt.plugins``).
+
+With Flide installed, ``python -m sglang.launch_server --help`` lists
+``--decision-mode``, and ``python -m sglang.launch_server --decision-mode
+--model-path M [flags]`` starts Flide's decision server instead of SGLang's
+engine, with SGLang's own flags mapped: model and tokenizer path, host, port,
+dtype, device, API key, random seed, context length, served model name, and the
+CUDA-graph and deterministic switches. Any other flag set away from its default
+is refused with a message naming it (Flide does not silently ignore a setting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+MAPPED = {
+    "model_path", "tokenizer_path", "host", "port", "dtype", "device", "api_key", "random_seed",
+    "context_length", "served_model_name", "decision_mode",
+}
+# Accepted without effect: the CPU reference has no CUDA graphs and is already
+# batch-invariant (bitwise the same answer at any load).
+ACCEPTED = {"disable_cuda_graph", "enable_deterministic_inference"}
+
+
+def _add_flag(result, parser: argparse.ArgumentParser):
+    parser.add_argument(
+        "--decision-mode",
+        action="store_true",
+        help="Serve /v1/decisions and /v1/score with Flide's exact forked executor "
+        "(one shared state, many single-token-label questions, one flat token stream).",
+    )
+    return result
+
+
+def _defaults() -> dict:
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return {a.dest: a.default for a in parser._actions if a.dest != "help"}
+
+
+def refused_flags(args: argparse.Namespace) -> list[str]:
+    """SGLang flags set away from their defaults that Flide cannot honour."""
+    defaults = _defaults()
+    out = []
+    for dest, value in vars(args).items():
+        if dest.startswith("_") or dest in MAPPED or dest in ACCEPTED or dest not in defaults:
+            continue
+        if value != defaults[dest]:
+            out.append("--" + dest.replace("_", "-"))
+    return sorted(out)
+
+
+def serve_args(args: argparse.Namespace):
+    """Map SGLang's parsed flags onto Flide's ServeArgs."""
+    import torch
+
+    from .server.launch import ServeArgs
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = args.dtype
+    if dtype in (None, "auto"):
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    elif dtype == "half":
+        dtype = "float16"
+    return ServeArgs(
+        model_path=args.model_path,
+        tokenizer_path=args.tokenizer_path,
+        host=args.host or "127.0.0.1",
+        port=args.port,
+        dtype=dtype,
+        device=device,
+        api_key=args.api_key,
+        random_seed=args.random_seed,
+        context_length=args.context_length,
+        served_model_name=args.served_model_name,
+    )
+
+
+def _around_from_cli_args(original, *call_args, **kwargs):
+    args = call_args[-1] if call_args else kwargs["args"]
+    if not getattr(args, "decision_mode", False):
+        return original(*call_args, **kwargs)
+    # Decision mode: Flide's server runs here and the process ends with it, so
+    # SGLang's GPU engine is never configured.
+    refused = refused_flags(args)
+    if refused:
+        print(f"--decision-mode: Flide cannot honour {', '.join(refused)}; remove them", file=sys.stderr)
+        sys.exit(2)
+    from .errors import FlideError
+    from .server.launch import serve
+
+    try:
+        serve(serve_args(args))
+    except (FlideError, ValueError) as e:
+        print(f"--decision-mode: {e}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(0)
+
+
+def register() -> None:
+    """Entry point called by SGLang's ``load_plugins()``."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", _add_flag, HookType.AFTER)
+    HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args", _around_from_cli_args, HookType.AROUND)

@@ -1,0 +1,62 @@
+"""``python -m sglang.launch_server --decision-mode``: Flide through SGLang's own
+launcher (the plugin is found through the ``sglang.srt.plugins`` entry point)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import requests
+
+from flide_ext import Engine
+from test_server import choice, free_port
+
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
+
+
+def launch(*args, **kwargs):
+    return [sys.executable, "-m", "sglang.launch_server", *args]
+
+
+def test_help_lists_decision_mode():
+    run = subprocess.run(launch("--help"), capture_output=True, text=True, env=ENV, timeout=300)
+    assert run.returncode == 0 and "--decision-mode" in run.stdout
+
+
+def test_flags_flide_cannot_honour_are_refused(char_model_dir):
+    run = subprocess.run(launch("--decision-mode", "--model-path", str(char_model_dir), "--tp-size", "2",
+                                "--enable-lora"), capture_output=True, text=True, env=ENV, timeout=300)
+    assert run.returncode == 2
+    assert "--tp-size" in run.stderr and "--enable-lora" in run.stderr
+
+
+def test_launch_server_decision_mode_answers_like_the_engine(char_model_dir, tmp_path):
+    port = free_port()
+    log = tmp_path / "server.log"
+    proc = subprocess.Popen(
+        launch("--decision-mode", "--model-path", str(char_model_dir), "--port", str(port), "--api-key", "k",
+               "--context-length", "300", "--enable-deterministic-inference"),
+        stdout=open(log, "w"), stderr=subprocess.STDOUT, env=ENV,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(360):
+            try:
+                if requests.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                time.sleep(0.5)
+            assert proc.poll() is None, log.read_text()
+        request = {"input": "Rain is wet.", "questions": [choice("a", 3), choice("b", 2, "Pick")]}
+        got = requests.post(f"{url}/v1/decisions", json=request, headers={"Authorization": "Bearer k"}).json()
+        want = Engine(str(char_model_dir), context_length=300).decide(request).model_dump(exclude_none=True)
+        for qid, answer in want["answers"].items():
+            for name, p in answer["probabilities"].items():
+                assert abs(got["answers"][qid]["probabilities"][name] - p) <= 1e-6
+        info = requests.get(f"{url}/server_info", headers={"Authorization": "Bearer k"}).json()
+        assert info["decision_mode"] and info["context_length"] == 300 and info["device"] == "cpu"
+    finally:
+        proc.terminate()
+        proc.wait(30)
