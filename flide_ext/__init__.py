@@ -21,3 +21,10 @@ __all__ = [
     "plan_round",
 ]
 __version__ = "0.1.0"
+
+try:  # sgl.decide for SGLang's frontend language, where SGLang is installed
+    from .lang import register as _register_decide
+
+    _register_decide()
+except ImportError:  # pragma: no cover - SGLang's frontend is part of the set-up
+    pass

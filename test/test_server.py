@@ -202,3 +202,30 @@ def test_info_routes_and_metrics(server):
     assert saved and float(saved[0].split()[1]) > 0
     assert 'flide_requests_total{route="/v1/decisions",status="200"}' in text
     assert "flide_request_latency_seconds_bucket" in text
+
+
+def test_sgl_decide_example_runs_against_the_live_server(server, engine):
+    import pathlib
+
+    example = pathlib.Path(__file__).parent.parent / "examples" / "sgl_decide.py"
+    run = subprocess.run([sys.executable, str(example), "--url", server, "--api-key", KEY], capture_output=True,
+                         text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=300)
+    assert run.returncode == 0, run.stderr
+    lines = dict(line.split(": ", 1) for line in run.stdout.strip().splitlines())
+    assert set(lines) == {"category", "refund", "urgency"}
+    import sglang as sgl
+
+    from flide_ext.lang import FlideEndpoint
+
+    @sgl.function
+    def program(s):
+        s += "Sky report: clear and blue.\n"
+        s += sgl.decide("d", questions=[choice("q1", 3), choice("q2", 2, "Pick")])
+
+    state = program.run(backend=FlideEndpoint(server, api_key=KEY))
+    answers = state.get_meta_info("d")["answers"]
+    want = engine.decide({"input": "Sky report: clear and blue.\n", "questions": [choice("q1", 3), choice("q2", 2, "Pick")]})
+    for qid in ("q1", "q2"):
+        assert state[qid] == want.answers[qid].choice == answers[qid]["choice"]
+        for name, p in want.answers[qid].probabilities.items():
+            assert abs(answers[qid]["probabilities"][name] - p) <= 1e-6
