@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -229,3 +230,21 @@ def test_sgl_decide_example_runs_against_the_live_server(server, engine):
         assert state[qid] == want.answers[qid].choice == answers[qid]["choice"]
         for name, p in want.answers[qid].probabilities.items():
             assert abs(answers[qid]["probabilities"][name] - p) <= 1e-6
+
+
+def test_schemathesis_finds_no_server_error(server, tmp_path):
+    """Schema-driven fuzzing of the decision routes: no input may cause a 5xx."""
+    schema = requests.get(f"{server}/openapi.json").json()
+    assert "DecisionRequest" in schema["components"]["schemas"]
+    cli = os.path.join(os.path.dirname(sys.executable), "schemathesis")
+    run = subprocess.run(
+        [cli, "run", f"{server}/openapi.json", "--checks", "not_a_server_error", "--max-examples", "40",
+         "--include-path-regex", "^/v1/(decisions|score)$", "--header", f"Authorization: Bearer {KEY}",
+         "--seed", "1", "--no-color"],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "Tested: 2" in run.stdout, run.stdout[-2000:]
+    generated = re.search(r"(\d+) generated, (\d+) passed", run.stdout)
+    assert generated and int(generated[1]) >= 100 and generated[1] == generated[2], run.stdout[-2000:]
+    assert requests.get(f"{server}/health").status_code == 200

@@ -120,4 +120,34 @@ def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> 
     async def prometheus():
         return Response(content=metrics.render(), media_type="text/plain; version=0.0.4")
 
+    _document_bodies(app)
     return app
+
+
+def _document_bodies(app: FastAPI) -> None:
+    """Put SGLang's request models into the OpenAPI schema as the routes' bodies.
+
+    The routes read raw JSON themselves (to answer bad input with SGLang's error
+    object naming the field), so FastAPI cannot see their body models; clients
+    and schema-driven testers (schemathesis) get them from here.
+    """
+    from sglang.srt.entrypoints.openai.protocol import DecisionRequest, ScoringRequest
+
+    def openapi():
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            schema = get_openapi(title=app.title, version="0.1.0", description=app.description, routes=app.routes)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for path, model in (("/v1/decisions", DecisionRequest), ("/v1/score", ScoringRequest)):
+                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(body.pop("$defs", {}))
+                components[model.__name__] = body
+                schema["paths"][path]["post"]["requestBody"] = {
+                    "required": True,
+                    "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
+                }
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
