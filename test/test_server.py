@@ -239,12 +239,38 @@ def test_schemathesis_finds_no_server_error(server, tmp_path):
     cli = os.path.join(os.path.dirname(sys.executable), "schemathesis")
     run = subprocess.run(
         [cli, "run", f"{server}/openapi.json", "--checks", "not_a_server_error", "--max-examples", "40",
-         "--include-path-regex", "^/v1/(decisions|score)$", "--header", f"Authorization: Bearer {KEY}",
+         "--include-path-regex", "^/v1/(decisions|systemone|score)$", "--header", f"Authorization: Bearer {KEY}",
          "--seed", "1", "--no-color"],
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    assert "Tested: 2" in run.stdout, run.stdout[-2000:]
+    assert "Tested: 3" in run.stdout, run.stdout[-2000:]
     generated = re.search(r"(\d+) generated, (\d+) passed", run.stdout)
     assert generated and int(generated[1]) >= 100 and generated[1] == generated[2], run.stdout[-2000:]
     assert requests.get(f"{server}/health").status_code == 200
+
+
+def test_systemone_route(server, engine):
+    from flide_ext.systemone import SystemOneRenderer
+
+    body = {"state": "Rain all day.", "model": "any", "questions": {
+        "mood": {"type": "choice", "instructions": "Weather?", "criteria": {"wet": "rain", "dry": None, "snowy": "snow"}},
+        "level": {"type": "score", "instructions": "How wet?", "criteria": ["dry", "damp", "soaked"]}}}
+    r = requests.post(f"{server}/v1/systemone", json=body, headers=AUTH)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    renderer = SystemOneRenderer(engine.renderer, "any")
+    request = renderer.parse(body)
+    views, encoded = renderer.encode(request)
+    logprobs = engine.run_round([([q.prompt_ids for q in encoded], [q.label_ids for q in encoded])])[0]
+    want = renderer.respond(request, views, encoded, logprobs).model_dump()
+    for qid in ("mood", "level"):
+        for name, p in want["answers"][qid]["probabilities"].items():
+            assert abs(got["answers"][qid]["probabilities"][name] - p) <= 1e-6
+    assert got["answers"]["mood"]["choice"] == want["answers"]["mood"]["choice"]
+    assert got["answers"]["level"]["legend"] == {"0": "dry", "1": "damp", "2": "soaked"}
+    bad = requests.post(f"{server}/v1/systemone", json={**body, "temperature": 0.5}, headers=AUTH)
+    assert bad.status_code == 400 and bad.json()["param"] == "temperature"
+    noul = requests.post(f"{server}/v1/systemone", json={"state": "x", "model": "m", "questions": {
+        "q": {"type": "noul", "instructions": "Is it?"}}}, headers=AUTH)
+    assert noul.status_code == 400 and noul.json()["param"] == "questions.q"  # yes/no labels are not one char token

@@ -1,7 +1,7 @@
 """The HTTP server: SGLang's decision routes, answered by Flide's forked executor.
 
 Routes (same wire format as SGLang, its own pydantic models): ``POST
-/v1/decisions``, ``POST /v1/score``; ``GET /health``, ``/model_info``,
+/v1/decisions``, ``POST /v1/systemone``, ``POST /v1/score``; ``GET /health``, ``/model_info``,
 ``/get_model_info``, ``/server_info``, ``/v1/models``, ``/metrics``. Bad input is
 answered 400 with SGLang's ``ErrorResponse`` whose ``param`` names the field;
 ``--api-key`` requires ``Authorization: Bearer <key>`` (401 otherwise).
@@ -16,6 +16,8 @@ from typing import Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+
+from sglang.srt.entrypoints.systemone.protocol import SystemOneResponse
 
 from ..errors import RequestError
 from .metrics import Metrics
@@ -72,13 +74,20 @@ def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> 
             return _error(400, e.message, e.field)
         except SchedulerError as e:
             return _error(500, str(e), None, "InternalServerError")
-        return JSONResponse(content=result.model_dump(exclude_none=True))
+        exclude_none = not isinstance(result, SystemOneResponse)  # System One keeps its nulls
+        return JSONResponse(content=result.model_dump(exclude_none=exclude_none))
 
     @app.post("/v1/decisions")
     async def decisions(request: Request):
         """SGLang ``DecisionRequest`` -> ``DecisionResponse``."""
         manager.start()
         return await answer(request, manager.decide)
+
+    @app.post("/v1/systemone")
+    async def systemone(request: Request):
+        """System One API 0.2.0 ``SystemOneRequest`` -> ``SystemOneResponse``."""
+        manager.start()
+        return await answer(request, manager.decide_systemone)
 
     @app.post("/v1/score")
     async def score(request: Request):
@@ -132,6 +141,7 @@ def _document_bodies(app: FastAPI) -> None:
     and schema-driven testers (schemathesis) get them from here.
     """
     from sglang.srt.entrypoints.openai.protocol import DecisionRequest, ScoringRequest
+    from sglang.srt.entrypoints.systemone.protocol import SystemOneRequest
 
     def openapi():
         if app.openapi_schema is None:
@@ -139,7 +149,8 @@ def _document_bodies(app: FastAPI) -> None:
 
             schema = get_openapi(title=app.title, version="0.1.0", description=app.description, routes=app.routes)
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for path, model in (("/v1/decisions", DecisionRequest), ("/v1/score", ScoringRequest)):
+            bodies = (("/v1/decisions", DecisionRequest), ("/v1/systemone", SystemOneRequest), ("/v1/score", ScoringRequest))
+            for path, model in bodies:
                 body = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 components.update(body.pop("$defs", {}))
                 components[model.__name__] = body

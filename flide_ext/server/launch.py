@@ -77,7 +77,8 @@ def serve(args: ServeArgs) -> None:
     done.bind(done_addr)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or path)
     metrics = Metrics()
-    manager = TokenizerManager(tokenizer, ready.context_length, ready.vocab_size, work_addr, done, metrics)
+    served = args.served_model_name or args.model_path
+    manager = TokenizerManager(tokenizer, ready.context_length, ready.vocab_size, work_addr, done, metrics, served)
     info = ServerInfo(path, args.served_model_name or args.model_path, ready.context_length, ready.vocab_size,
                       args.dtype, args.device, args.api_key)
     app = build_app(manager, info, metrics)

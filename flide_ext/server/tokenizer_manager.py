@@ -28,13 +28,18 @@ class TokenizerManager:
         work_addr: the scheduler's ZMQ PULL address.
         done_addr: this manager's ZMQ PULL address for results.
         metrics: Prometheus metrics to update.
+        served_model_name: the model name System One responses carry.
     """
 
-    def __init__(self, tokenizer, context_length: int, vocab_size: int, work_addr: str, done_socket, metrics: Metrics):
+    def __init__(self, tokenizer, context_length: int, vocab_size: int, work_addr: str, done_socket, metrics: Metrics,
+                 served_model_name: str = "default"):
+        from ..systemone import SystemOneRenderer
+
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.vocab_size = vocab_size
         self.renderer = DecisionRenderer(tokenizer, context_length)
+        self.systemone = SystemOneRenderer(self.renderer, served_model_name)
         self.context = zmq.asyncio.Context.instance()
         self.work = self.context.socket(zmq.PUSH)
         self.work.connect(work_addr)
@@ -77,6 +82,13 @@ class TokenizerManager:
         encoded = self.renderer.encode(request)
         done = await self.score([q.prompt_ids for q in encoded], [q.label_ids for q in encoded])
         return self.renderer.respond(request, encoded, done.label_logprobs)
+
+    async def decide_systemone(self, body):
+        """A ``/v1/systemone`` body -> SGLang SystemOneResponse. Raises RequestError."""
+        request = self.systemone.parse(body)
+        views, encoded = self.systemone.encode(request)
+        done = await self.score([q.prompt_ids for q in encoded], [q.label_ids for q in encoded])
+        return self.systemone.respond(request, views, encoded, done.label_logprobs)
 
     def _ids(self, value, field: str, special: bool) -> List[int]:
         if isinstance(value, str):
