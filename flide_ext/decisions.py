@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from typing import Any, Dict, List
 import warnings
 
-from pydantic import ValidationError
-
 with warnings.catch_warnings():
     # SGLang's import chain warns that GPU quantisation kernels are absent on CPU;
     # Flide uses none of them.
@@ -25,7 +23,7 @@ with warnings.catch_warnings():
     from sglang.srt.managers.tokenizer_manager_score_mixin import TokenizerManagerScoreMixin
     from sglang.srt.parser.template_detection import detect_reasoning_pattern
 
-from .errors import RequestError, field_path
+from .errors import RequestError, validate_model
 
 PROMPT_FORMAT_VERSION = sgl_decisions.PROMPT_FORMAT_VERSION
 # Full-vocabulary probability of all labels: math.fsum of exp(logprob), SGLang's own.
@@ -49,15 +47,7 @@ def parse_decision_request(obj: Any) -> DecisionRequest:
     """
     if isinstance(obj, DecisionRequest):
         return obj
-    try:
-        return DecisionRequest.model_validate(obj)
-    except RecursionError:
-        raise RequestError("request", "is nested too deeply") from None
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = tuple(p for p in err["loc"] if p not in ("choice", "score", "yes_no"))
-        message = err["msg"].removeprefix("Value error, ")
-        raise RequestError(field_path(loc), message) from None
+    return validate_model(DecisionRequest, obj, tags=("choice", "score", "yes_no"))
 
 
 def _check_text(value: Any, field: str) -> None:

@@ -49,3 +49,28 @@ def field_path(loc: tuple) -> str:
         else:
             out += ("." if out else "") + str(part)
     return out or "request"
+
+
+def validate_model(model, obj, tags: tuple = ()):
+    """``model.model_validate(obj)``, with any failure as a RequestError naming the
+    first offending field.
+
+    Args:
+        model: a pydantic model class.
+        obj: the raw request (usually a dict from JSON).
+        tags: discriminator values to leave out of field paths (e.g. ``"choice"``).
+
+    Raises:
+        RequestError: the field and message of the first validation error, or
+            ``request`` when the input is nested too deeply to validate.
+    """
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(obj)
+    except RecursionError:
+        raise RequestError("request", "is nested too deeply") from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = tuple(p for p in err["loc"] if p not in tags)
+        raise RequestError(field_path(loc), err["msg"].removeprefix("Value error, ")) from None

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import List, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from .errors import RequestError, field_path
+from .errors import RequestError, validate_model
 
 
 class TokenRequest(BaseModel):
@@ -64,13 +64,7 @@ def parse_token_request(obj) -> TokenRequest:
     """
     if isinstance(obj, TokenRequest):
         obj = obj.model_dump()  # fields may have been assigned after validation
-    try:
-        return TokenRequest.model_validate(obj)
-    except RecursionError:
-        raise RequestError("request", "is nested too deeply") from None
-    except ValidationError as e:
-        err = e.errors()[0]
-        raise RequestError(field_path(err["loc"]), err["msg"]) from None
+    return validate_model(TokenRequest, obj)
 
 
 def check_token_request(request: TokenRequest, vocab_size: int, context_length: int) -> None:

@@ -14,10 +14,8 @@ import warnings
 from types import SimpleNamespace
 from typing import Any, List, Tuple
 
-from pydantic import ValidationError
-
 from .decisions import DecisionRenderer, EncodedQuestion, _check_text, label_mass, label_probabilities
-from .errors import RequestError, field_path
+from .errors import RequestError, validate_model
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Only CUDA", category=UserWarning)
@@ -55,14 +53,7 @@ class SystemOneRenderer:
     @staticmethod
     def parse(body: Any) -> SystemOneRequest:
         """Validate with SGLang's ``SystemOneRequest``. Raises RequestError naming the field."""
-        try:
-            return SystemOneRequest.model_validate(body)
-        except RecursionError:
-            raise RequestError("request", "is nested too deeply") from None
-        except ValidationError as e:
-            err = e.errors()[0]
-            loc = tuple(p for p in err["loc"] if p not in ("noul", "choice", "score"))
-            raise RequestError(field_path(loc), err["msg"].removeprefix("Value error, ")) from None
+        return validate_model(SystemOneRequest, body, tags=("noul", "choice", "score"))
 
     def encode(self, request: SystemOneRequest) -> Tuple[list, List[EncodedQuestion]]:
         """Views and prompt/label ids of each question, in request order.

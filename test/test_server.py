@@ -29,6 +29,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for_health(url: str, proc, log) -> None:
+    """Wait until ``url/health`` answers 200; fail with the server log if it dies or never does."""
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        try:
+            if requests.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            time.sleep(0.5)
+        if proc.poll() is not None:
+            pytest.fail("server exited: " + log.read_text())
+    proc.kill()
+    pytest.fail("server did not start: " + log.read_text())
+
+
 @pytest.fixture(scope="module")
 def server(char_model_dir, tmp_path_factory):
     port = free_port()
@@ -39,17 +54,7 @@ def server(char_model_dir, tmp_path_factory):
         stdout=open(log, "w"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        try:
-            if requests.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except requests.RequestException:
-            time.sleep(0.5)
-        assert proc.poll() is None, log.read_text()
-    else:
-        proc.kill()
-        pytest.fail("server did not start: " + log.read_text())
+    wait_for_health(url, proc, log)
     yield url
     proc.terminate()
     proc.wait(30)

@@ -6,12 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import requests
 
 from flide_ext import Engine
-from test_server import choice, free_port
+from test_server import choice, free_port, wait_for_health
 
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
 
@@ -42,13 +41,7 @@ def test_launch_server_decision_mode_answers_like_the_engine(char_model_dir, tmp
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(360):
-            try:
-                if requests.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                time.sleep(0.5)
-            assert proc.poll() is None, log.read_text()
+        wait_for_health(url, proc, log)
         request = {"input": "Rain is wet.", "questions": [choice("a", 3), choice("b", 2, "Pick")]}
         got = requests.post(f"{url}/v1/decisions", json=request, headers={"Authorization": "Bearer k"}).json()
         want = Engine(str(char_model_dir), context_length=300).decide(request).model_dump(exclude_none=True)

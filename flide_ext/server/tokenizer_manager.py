@@ -106,16 +106,11 @@ class TokenizerManager:
         Raises:
             RequestError: naming the offending field.
         """
-        from pydantic import ValidationError
         from sglang.srt.entrypoints.openai.protocol import ScoringRequest, ScoringResponse, UsageInfo
 
-        from ..errors import field_path
+        from ..errors import validate_model
 
-        try:
-            request = ScoringRequest.model_validate(body)
-        except ValidationError as e:
-            err = e.errors()[0]
-            raise RequestError(field_path(err["loc"]), err["msg"]) from None
+        request = validate_model(ScoringRequest, body)
         unsupported = {
             "score_extraction_token": request.score_extraction_token,
             "return_pooled_hidden_states": request.return_pooled_hidden_states or None,
