@@ -184,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     decide.add_argument("--model", required=True, help="checkpoint directory or built-in name (smollm2-135m)")
     decide.add_argument("--input", required=True, help="JSON-lines file of decision requests")
     decide.add_argument("--output", help="where to write answer lines (default: stdout)")
-    decide.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    decide.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="compute dtype (default: float32)")
     decide.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     decide.add_argument("--round-size", type=int, default=8, help="requests per round (default: 8)")
     decide.add_argument("--context-length", type=int, default=None, help="longest prompt accepted, in tokens")
@@ -192,8 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     make = sub.add_parser("make-checkpoint", help="write a random-weight Qwen3.5 checkpoint of a real shape")
     make.add_argument("--shape", required=True, help="qwen3.5-0.8b, qwen3.5-2b, qwen3.5-4b or qwen3.5-9b")
     make.add_argument("--output", required=True, help="checkpoint directory to write")
-    make.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    make.add_argument("--seed", type=int, default=0)
+    make.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
+                      help="stored weight dtype (default: bfloat16)")
+    make.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     make.add_argument("--head-scale", type=float, default=1.0, help="LM head init scale (peaked distributions)")
     make.set_defaults(func=run_make_checkpoint)
     serve = sub.add_parser("serve", help="serve SGLang's decision routes over HTTP")
@@ -201,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tokenizer-path")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=30000)
-    serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                       help="compute dtype (default: float32)")
     serve.add_argument("--device", default="cpu")
     serve.add_argument("--api-key")
     serve.add_argument("--random-seed", type=int)
