@@ -9,6 +9,7 @@ been sent.
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Union
@@ -41,11 +42,11 @@ def _check_device(device) -> torch.device:
 def _serialised(method):
     """Run an Engine method under the engine's lock (one round at a time)."""
 
+    @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         with self._lock:
             return method(self, *args, **kwargs)
 
-    wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
     return wrapper
 
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from typing import List, Optional
 
 import zmq
 import zmq.asyncio
 
-from ..decisions import DecisionRenderer, label_mass, label_probabilities, parse_decision_request
+from ..decisions import DecisionRenderer, label_probabilities, parse_decision_request
 from ..errors import RequestError
+from ..requests import TokenRequest, check_token_request
 from .io_struct import ScoreDone, ScoreWork
 from .metrics import Metrics
 
@@ -131,8 +133,6 @@ class TokenizerManager:
         prompts = [(ids + query) if request.item_first else (query + ids) for ids in item_ids]
         labels = request.label_token_ids
         per_item = bool(labels) and isinstance(labels[0], list)
-        from ..requests import TokenRequest, check_token_request
-
         token_request = TokenRequest(prompts=prompts, label_token_ids=labels, temperature=request.temperature)
         try:
             check_token_request(token_request, self.vocab_size, self.context_length)
@@ -143,8 +143,6 @@ class TokenizerManager:
         if request.apply_softmax:
             scores = [label_probabilities(lp, request.temperature) for lp in done.label_logprobs]
         else:
-            import math
-
             scores = [[math.exp(x) for x in lp] for lp in done.label_logprobs]
         prompt_tokens = sum(len(p) for p in prompts)
         return ScoringResponse(
