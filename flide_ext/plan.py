@@ -86,6 +86,7 @@ class FlatPlan:
     resume: Mapping[int, Resume] = field(default_factory=dict)
     seg_slot: Optional[torch.Tensor] = None
     seg_initial_slot: Optional[torch.Tensor] = None
+    _level_tables: Optional[list] = field(default=None, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -119,6 +120,24 @@ class FlatPlan:
                 initial.append(-1)
         self.seg_slot = torch.tensor(list(slots), dtype=torch.long, device=device)
         self.seg_initial_slot = torch.tensor(initial, dtype=torch.long, device=device)
+        self._level_tables = None
+
+    def level_tables(self) -> list:
+        """Per tree level, ``(seg_start, seg_len, initial_slot, final_slot)`` ``[n]``
+        int64 tensors of its segments (slots from :meth:`assign_slots`). The same
+        tensor objects on every call, so kernels can memoise per-round metadata
+        on them (:mod:`flide_ext.kernels.round_cache`).
+
+        Raises:
+            ValueError: slots are not assigned yet.
+        """
+        if self.seg_slot is None:
+            raise ValueError("assign_slots() must run before level_tables()")
+        if self._level_tables is None:
+            self._level_tables = [
+                (self.seg_start[l], self.seg_len[l], self.seg_initial_slot[l], self.seg_slot[l]) for l in self.levels
+            ]
+        return self._level_tables
 
 
 def plan_round(

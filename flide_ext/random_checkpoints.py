@@ -61,16 +61,40 @@ def qwen35_config(shape: str, **overrides):
     return config
 
 
-def _init(name: str, shape, generator, head_scale: float) -> torch.Tensor:
+def _init(name: str, shape, generator, head_scale: float, device="cpu") -> torch.Tensor:
     if name.endswith("A_log"):
-        return torch.empty(shape).uniform_(math.log(1.0), math.log(16.0), generator=generator)
+        return torch.empty(shape, device=device).uniform_(math.log(1.0), math.log(16.0), generator=generator)
     if name.endswith("dt_bias"):
-        return torch.ones(shape)
+        return torch.ones(shape, device=device)
     if name.endswith("norm.weight"):
         # Zero-centred norms store offsets from 1; the GDN output norm stores the scale.
-        return torch.ones(shape) if ".linear_attn.norm." in name else torch.zeros(shape)
+        return torch.ones(shape, device=device) if ".linear_attn.norm." in name else torch.zeros(shape, device=device)
     std = 0.02 * (head_scale if name == "lm_head.weight" else 1.0)
-    return torch.empty(shape).normal_(0.0, std, generator=generator)
+    return torch.empty(shape, device=device).normal_(0.0, std, generator=generator)
+
+
+def random_model(config, dtype: torch.dtype = torch.bfloat16, device="cpu", seed: int = 0, head_scale: float = 1.0):
+    """``config``'s Flide model with random weights made directly on ``device``
+    (same initialisation as :func:`write_random_checkpoint`, another random
+    stream), in eval mode: for kernel checks and benchmarks that need no files.
+
+    Raises:
+        KeyError: ``config.architectures[0]`` is not a Flide model family.
+    """
+    from .models import MODEL_CLASSES
+
+    with torch.device("meta"):
+        model = MODEL_CLASSES[config.architectures[0]](config)
+    model = model.to_empty(device=device).to(dtype).eval()
+    generator = torch.Generator(device=device).manual_seed(seed)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, param in params.items():
+            if name not in model.tied_weights:
+                param.copy_(_init(name, param.shape, generator, head_scale, device))
+        for name, source in model.tied_weights.items():
+            params[name].copy_(params[source])
+    return model
 
 
 def write_random_checkpoint(

@@ -9,6 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+if not torch.cuda.is_available():
+    # Flide's Triton kernels run on a CPU machine only under the Triton
+    # interpreter, which triton.jit picks at decoration time: it must be set
+    # before anything imports triton (transformers and accelerate may).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 sys.path.insert(0, str(Path(__file__).parent))
 # The test environment is float32 on CPU; keep results independent of thread timing.
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

@@ -14,6 +14,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from .dispatch import use_triton
+
 
 def causal_conv1d_ref(
     x: torch.Tensor,
@@ -25,6 +27,7 @@ def causal_conv1d_ref(
     initial_slot: torch.Tensor,
     final_slot: torch.Tensor,
     activation: Optional[str] = "silu",
+    out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Plain PyTorch reference, segment by segment.
 
@@ -40,13 +43,19 @@ def causal_conv1d_ref(
         final_slot: ``[S]`` int64 slot receiving the window after the segment's last
             token; -1 to skip.
         activation: ``"silu"`` or None.
+        out: ``[T, C]`` tensor to write the segments' rows into (other rows are
+            left as they are); a new zero tensor when None.
 
     Returns:
-        ``[T, C]`` outputs for the given segments' rows (other rows zero).
+        ``out``: the given segments' rows filled (other rows zero if ``out`` was None).
+
+    Raises:
+        ValueError: an unsupported activation.
     """
     T, C = x.shape
     W = weight.shape[1]
-    out = torch.zeros_like(x)
+    if out is None:
+        out = torch.zeros_like(x)
     w = weight.unsqueeze(1)  # [C, 1, W]
     for start, n, first, last in zip(seg_start.tolist(), seg_len.tolist(), initial_slot.tolist(), final_slot.tolist()):
         window = conv_pool[first] if first >= 0 else x.new_zeros(C, W - 1)
@@ -64,5 +73,12 @@ def causal_conv1d_ref(
 
 
 def causal_conv1d(*args, **kwargs) -> torch.Tensor:
-    """Dispatch; same signature as :func:`causal_conv1d_ref` (reference only so far)."""
+    """Dispatch; same signature as :func:`causal_conv1d_ref`: the Triton kernel
+    (:mod:`.causal_conv1d_triton`) on CUDA, the reference elsewhere or when
+    :mod:`.dispatch` forces it."""
+    x = args[0] if args else kwargs["x"]
+    if use_triton(x):
+        from .causal_conv1d_triton import causal_conv1d_triton
+
+        return causal_conv1d_triton(*args, **kwargs)
     return causal_conv1d_ref(*args, **kwargs)

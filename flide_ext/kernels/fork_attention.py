@@ -16,6 +16,8 @@ from typing import Optional
 
 import torch
 
+from .dispatch import use_triton
+
 # Query rows per block in the reference, so a long state's score matrix
 # stays a few hundred MB at most.
 _QUERY_BLOCK = 512
@@ -109,8 +111,12 @@ def fork_attention_ref(
 
 
 def fork_attention(*args, **kwargs) -> torch.Tensor:
-    """ForkAttention dispatch. Same signature as :func:`fork_attention_ref`.
+    """ForkAttention dispatch. Same signature as :func:`fork_attention_ref`: the
+    Triton kernel (:mod:`.fork_attention_triton`) on CUDA, the reference elsewhere
+    or when :mod:`.dispatch` forces it."""
+    q = args[0] if args else kwargs["q"]
+    if use_triton(q):
+        from .fork_attention_triton import fork_attention_triton
 
-    Only the reference exists so far; the Triton kernel for CUDA joins it here.
-    """
+        return fork_attention_triton(*args, **kwargs)
     return fork_attention_ref(*args, **kwargs)

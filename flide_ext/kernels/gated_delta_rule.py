@@ -21,8 +21,11 @@ Sequence Length", arXiv:2406.06484).
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
-import torch.nn.functional as F
+
+from .dispatch import use_triton
 
 
 def _prepare(q, k, v, g, beta, scale, use_qk_l2norm):
@@ -56,6 +59,7 @@ def recurrent_gated_delta_rule_ref(
     initial_slot: torch.Tensor,
     final_slot: torch.Tensor,
     use_qk_l2norm: bool = True,
+    out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Token-by-token reference.
 
@@ -69,24 +73,30 @@ def recurrent_gated_delta_rule_ref(
         initial_slot: ``[S]`` int64 slot of each segment's initial state, -1 for zeros.
         final_slot: ``[S]`` int64 slot for each segment's final state, -1 to skip.
         use_qk_l2norm: L2-normalise q and k per head first (eps 1e-6).
+        out: ``[T, HV, V]`` tensor to write the segments' rows into (other rows left
+            as they are); a new zero tensor in ``v.dtype`` when None.
 
     Returns:
-        ``[T, HV, V]`` outputs in ``v.dtype`` (rows outside the segments zero).
+        ``out``: the segments' rows filled (other rows zero if ``out`` was None).
     """
     qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta, scale, use_qk_l2norm)
-    out = torch.zeros(v.shape, dtype=torch.float64, device=v.device)
+    if out is None:
+        out = torch.zeros_like(v)
     HV, K, V = vf.shape[1], kf.shape[2], vf.shape[2]
     for start, n, first, last in _segments(seg_start, seg_len, initial_slot, final_slot):
         S = state_pool[first].double() if first >= 0 else vf.new_zeros(HV, K, V)
+        rows = []
         for t in range(start, start + n):
             S = S * gf[t].exp()[:, None, None]
             predicted = torch.einsum("hkv,hk->hv", S, kf[t])
             delta = bf[t][:, None] * (vf[t] - predicted)
             S = S + kf[t][:, :, None] * delta[:, None, :]
-            out[t] = torch.einsum("hkv,hk->hv", S, qf[t])
+            rows.append(torch.einsum("hkv,hk->hv", S, qf[t]))
+        if n:
+            out[start : start + n] = torch.stack(rows).to(out.dtype)
         if last >= 0:
             state_pool[last] = S.to(state_pool.dtype)
-    return out.to(v.dtype)
+    return out
 
 
 def chunk_gated_delta_rule_ref(
@@ -102,13 +112,15 @@ def chunk_gated_delta_rule_ref(
     initial_slot: torch.Tensor,
     final_slot: torch.Tensor,
     use_qk_l2norm: bool = True,
+    out: Optional[torch.Tensor] = None,
     chunk_size: int = 64,
 ) -> torch.Tensor:
     """Chunked reference; same arguments and result as
     :func:`recurrent_gated_delta_rule_ref`, plus ``chunk_size`` (chunks start at
     each segment's first row)."""
     qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta, scale, use_qk_l2norm)
-    out = torch.zeros(v.shape, dtype=torch.float64, device=v.device)
+    if out is None:
+        out = torch.zeros_like(v)
     HV, K, V = vf.shape[1], kf.shape[2], vf.shape[2]
     for start, n, first, last in _segments(seg_start, seg_len, initial_slot, final_slot):
         S = state_pool[first].double() if first >= 0 else vf.new_zeros(HV, K, V)
@@ -127,14 +139,83 @@ def chunk_gated_delta_rule_ref(
             rhs = b[:, :, None] * (Vc - gamma.exp()[:, :, None] * (Kc @ S))
             U = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
             O = gamma.exp()[:, :, None] * (Q @ S) + ((Q @ Kc.transpose(1, 2)) * decay) @ U
-            out[c0:c1] = O.transpose(0, 1)
+            out[c0:c1] = O.transpose(0, 1).to(out.dtype)
             tail = (gamma[:, -1:] - gamma).exp()  # decay from each row to the chunk end
             S = gamma[:, -1].exp()[:, None, None] * S + (Kc * tail[:, :, None]).transpose(1, 2) @ U
         if last >= 0:
             state_pool[last] = S.to(state_pool.dtype)
-    return out.to(v.dtype)
+    return out
 
 
 def chunk_gated_delta_rule(*args, **kwargs) -> torch.Tensor:
-    """Dispatch; same signature as :func:`chunk_gated_delta_rule_ref` (reference only so far)."""
+    """Dispatch; same signature as :func:`chunk_gated_delta_rule_ref`: the GPU path
+    (:func:`.gated_delta_rule_triton.gated_delta_rule_forked`) on CUDA, the
+    reference elsewhere or when :mod:`.dispatch` forces it."""
+    v = args[2] if len(args) > 2 else kwargs["v"]
+    if use_triton(v):
+        from .gated_delta_rule_triton import gated_delta_rule_forked
+
+        kwargs.pop("chunk_size", None)
+        return gated_delta_rule_forked(*args, **kwargs)
     return chunk_gated_delta_rule_ref(*args, **kwargs)
+
+
+def chunk_states_ref(
+    k: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor,
+    g_cum: torch.Tensor,
+    state_pool: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    chunk_offsets: torch.Tensor,
+    initial_slot: torch.Tensor,
+    final_slot: torch.Tensor,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference of the inter-chunk step of the chunked gated delta rule with
+    forked states: the state entering each chunk, and each chunk's corrected values.
+
+    With the WY form of each chunk (``w``, ``u``: Yang et al., 2024,
+    arXiv:2406.06484), per sequence and value head, starting from
+    ``S = state_pool[initial_slot]`` (zeros for -1)::
+
+        h[c]   = S                                   (state entering chunk c)
+        v_new  = u_c - w_c @ S
+        S      = 2**g_last * S + k_c^T @ (2**(g_last - g_c) * v_new)
+
+    and the final ``S`` goes to ``state_pool[final_slot]`` (skipped for -1).
+
+    Args:
+        k: ``[T, H, K]`` L2-normalised keys (H divides HV).
+        w: ``[T, HV, K]``, u: ``[T, HV, V]``: the chunks' WY factors.
+        g_cum: ``[T, HV]`` float32 log2 decay summed from each chunk's start.
+        state_pool: ``[N, HV, K, V]`` states; written in place.
+        cu_seqlens: ``[S+1]`` int64 sequence bounds (chunks start at each bound).
+        chunk_offsets: ``[S+1]`` int64 index of each sequence's first chunk.
+        initial_slot, final_slot: ``[S]`` int64 slots, -1 for zeros / not kept.
+        chunk_size: rows per chunk.
+
+    Returns:
+        ``h`` ``[NT, HV, K, V]`` in ``k.dtype`` and ``v_new`` ``[T, HV, V]`` in ``u.dtype``.
+    """
+    HV, Kd, V = w.shape[1], k.shape[2], u.shape[2]
+    group = HV // k.shape[1]
+    NT = int(chunk_offsets[-1])
+    h = torch.zeros(NT, HV, Kd, V, dtype=k.dtype, device=k.device)
+    v_new = torch.zeros_like(u)
+    bounds = cu_seqlens.tolist()
+    for n, (first, last) in enumerate(zip(initial_slot.tolist(), final_slot.tolist())):
+        S = state_pool[first].double() if first >= 0 else torch.zeros(HV, Kd, V, dtype=torch.float64, device=k.device)
+        for c, t0 in enumerate(range(bounds[n], bounds[n + 1], chunk_size)):
+            t1 = min(t0 + chunk_size, bounds[n + 1])
+            h[int(chunk_offsets[n]) + c] = S.to(h.dtype)
+            kc = k[t0:t1].double().repeat_interleave(group, dim=1).transpose(0, 1)  # [HV, L, K]
+            wc, uc = w[t0:t1].double().transpose(0, 1), u[t0:t1].double().transpose(0, 1)
+            gc = g_cum[t0:t1].double().t()  # [HV, L]
+            vn = uc - wc @ S
+            v_new[t0:t1] = vn.transpose(0, 1).to(v_new.dtype)
+            g_last = gc[:, -1:]
+            S = torch.exp2(g_last)[:, :, None] * S + kc.transpose(1, 2) @ (torch.exp2(g_last - gc)[:, :, None] * vn)
+        if last >= 0:
+            state_pool[last] = S.to(state_pool.dtype)
+    return h, v_new

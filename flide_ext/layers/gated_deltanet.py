@@ -76,15 +76,11 @@ class GatedDeltaNet(nn.Module):
         weight = self.conv1d.weight.squeeze(1)
         conv_pool, state_pool = pool.conv[self.index], pool.recurrent[self.index]
 
-        def level_args(segments):
-            return (
-                plan.seg_start[segments], plan.seg_len[segments],
-                plan.seg_initial_slot[segments], plan.seg_slot[segments],
-            )
-
-        conv_out = torch.zeros_like(mixed)
-        for segments in plan.levels:
-            conv_out += causal_conv1d(mixed, weight, None, conv_pool, *level_args(segments), activation="silu")
+        # Each level writes its own rows; a level's segments read the slots the
+        # level before wrote.
+        conv_out = torch.empty_like(mixed)
+        for level in plan.level_tables():
+            causal_conv1d(mixed, weight, None, conv_pool, *level, activation="silu", out=conv_out)
         q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(T, self.num_k_heads, self.head_k_dim)
         k = k.reshape(T, self.num_k_heads, self.head_k_dim)
@@ -95,11 +91,9 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(b.double()).to(b.dtype)
         g = (-self.A_log.double().exp() * F.softplus(a.double() + self.dt_bias.double())).float()
 
-        o = torch.zeros_like(v)
-        for segments in plan.levels:
-            o += chunk_gated_delta_rule(
-                q, k, v, g, beta, self.head_k_dim**-0.5, state_pool, *level_args(segments), use_qk_l2norm=True
-            )
+        o = torch.empty_like(v)
+        for level in plan.level_tables():
+            chunk_gated_delta_rule(q, k, v, g, beta, self.head_k_dim**-0.5, state_pool, *level, use_qk_l2norm=True, out=o)
         o = self.norm(o, z).reshape(T, -1)
         return self.out_proj(o)
 

@@ -1,0 +1,184 @@
+"""GDN state forking against fla-core's chunked kernel on the same tokens, at
+Qwen3.5-4B GDN shapes (16 key / 32 value heads, head size 128, bf16), on
+streams shaped like RACE, QuALITY and MultiRC.
+
+* "Flide forked": the tree's levels in turn (:func:`gated_delta_rule_forked`),
+  children reading their parent's state slot by index.
+* "fla chunk, same tokens": fla's ``chunk_gated_delta_rule`` over the stream's
+  segments as independent sequences (no initial states): the same tokens with
+  no forking to do, the bar the issue sets (>= 90%).
+* The question level alone, two ways: the own recurrent kernel reading parent
+  states by index, against gathering the parent states and running fla's chunk
+  kernel; over question lengths 8..256, to place ``RECURRENT_MAX_LEN``.
+* The causal conv1d with slot windows, against the copy ceiling.
+
+Usage::
+
+    python benchmark/kernels/bench_gdn.py --out gdn.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import triton.testing
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ceilings import copy_gbps, matmul_tflops  # noqa: E402
+from workloads import WORKLOADS, workload_prompts  # noqa: E402
+
+from flide_ext.kernels.causal_conv1d_triton import causal_conv1d_triton  # noqa: E402
+from flide_ext.kernels.gated_delta_rule_triton import (  # noqa: E402
+    chunk_gated_delta_rule_fla,
+    chunk_gated_delta_rule_forked,
+    gated_delta_rule_forked,
+    recurrent_gated_delta_rule_triton,
+)
+from flide_ext.plan import plan_round  # noqa: E402
+
+H, HV, K, V = 16, 32, 128, 128
+
+
+def bench(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def device_ms(fn, iters: int = 10) -> float:
+    """Summed time of the GPU kernels one call launches (no host gaps), ms."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.self_device_time_total for e in prof.key_averages()) / iters / 1e3
+
+
+def inputs(T, gen):
+    q = torch.randn(T, H, K, device="cuda", generator=gen, dtype=torch.bfloat16)
+    k = torch.randn(T, H, K, device="cuda", generator=gen, dtype=torch.bfloat16)
+    v = torch.randn(T, HV, V, device="cuda", generator=gen, dtype=torch.bfloat16)
+    g = -torch.rand(T, HV, device="cuda", generator=gen) * 0.5
+    beta = torch.rand(T, HV, device="cuda", generator=gen).to(torch.bfloat16)
+    return q, k, v, g, beta
+
+
+def run_workload(name, rows):
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    owners, prompts = workload_prompts(name)
+    plan = plan_round(owners, prompts, "cuda")
+    plan.assign_slots(list(range(plan.num_segments)))
+    T, S = plan.num_tokens, plan.num_segments
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v, g, beta = inputs(T, gen)
+    pool = torch.zeros(S, HV, K, V, device="cuda")
+    out = torch.empty_like(v)
+    levels = [(plan.seg_start[l], plan.seg_len[l], plan.seg_initial_slot[l], plan.seg_slot[l]) for l in plan.levels]
+
+    def forked():
+        for level in levels:
+            gated_delta_rule_forked(q, k, v, g, beta, K**-0.5, pool, *level, out=out)
+
+    cu = torch.cat([plan.seg_start, plan.seg_start[-1:] + plan.seg_len[-1:]])
+
+    def fla_same_tokens():
+        chunk_gated_delta_rule(q[None], k[None], v[None], g[None], beta[None], scale=K**-0.5,
+                               output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+
+    # Bytes every version must move: inputs and outputs once, each segment's final state written.
+    nbytes = 2 * T * (2 * H * K + 2 * HV * V + HV) + 4 * T * HV + 4 * S * HV * K * V
+    base = {"workload": name, "tokens": T, "segments": S, "min_bytes": nbytes}
+    t_fork, t_fla = bench(forked), bench(fla_same_tokens)
+    d_fork, d_fla = device_ms(forked), device_ms(fla_same_tokens)
+    for method, ms, dms in (("Flide forked (levels)", t_fork, d_fork), ("fla chunk, same tokens, no forks", t_fla, d_fla)):
+        rows.append({**base, "method": method, "ms": ms, "device_ms": dms, "gbps": nbytes / (ms * 1e-3) / 1e9})
+    rows[-2]["share_of_fla"] = t_fla / t_fork
+    rows[-2]["device_share_of_fla"] = d_fla / d_fork
+    tqdm.write(f"{name:8s} forked {t_fork:.3f} ms (kernels {d_fork:.3f}), fla same tokens {t_fla:.3f} ms "
+               f"(kernels {d_fla:.3f}): {100 * t_fla / t_fork:.0f}% of fla wall, {100 * d_fla / d_fork:.0f}% kernels")
+    C = 2 * H * K + HV * V
+    x = torch.randn(T, C, device="cuda", generator=gen, dtype=torch.bfloat16)
+    w = torch.randn(C, 4, device="cuda", generator=gen, dtype=torch.bfloat16)
+    cpool = torch.zeros(S, C, 3, device="cuda", dtype=torch.bfloat16)
+    cout = torch.empty_like(x)
+
+    def conv():
+        for start, n, first, last in levels:
+            causal_conv1d_triton(x, w, None, cpool, start, n, first, last, "silu", out=cout)
+
+    ms = bench(conv)
+    conv_bytes = 2 * 2 * T * C
+    rows.append({**base, "method": "causal conv1d (Triton, levels)", "ms": ms, "gbps": conv_bytes / (ms * 1e-3) / 1e9})
+    tqdm.write(f"{name:8s} conv1d {ms:.3f} ms, {conv_bytes / (ms * 1e-3) / 1e9:.0f} GB/s")
+
+
+def run_question_level(rows, questions=32):
+    """One level of ``questions`` children of length n, each reading one of 4 parent slots."""
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    for n in (8, 25, 40, 64, 90, 128, 192, 256):
+        T = questions * n
+        q, k, v, g, beta = inputs(T, gen)
+        pool = torch.randn(4 + questions, HV, K, V, device="cuda", generator=gen)
+        start = torch.arange(questions, device="cuda") * n
+        length = torch.full((questions,), n, device="cuda")
+        first = torch.arange(questions, device="cuda") % 4
+        last = 4 + torch.arange(questions, device="cuda")
+        out = torch.empty_like(v)
+        args = (q, k, v, g, beta, K**-0.5, pool, start, length, first, last)
+        row = {"question_tokens": n, "questions": questions}
+        for key, fn in (("recurrent", recurrent_gated_delta_rule_triton), ("chunk_forked", chunk_gated_delta_rule_forked),
+                        ("gather_fla", chunk_gated_delta_rule_fla)):
+            row[f"{key}_ms"] = bench(lambda: fn(*args, out=out))
+            row[f"{key}_device_ms"] = device_ms(lambda: fn(*args, out=out))
+        rows.append(row)
+        tqdm.write(f"question level {questions} x {n:3d}: " + ", ".join(
+            f"{key} {row[key + '_ms']:.3f} ms ({row[key + '_device_ms']:.3f} kernels)"
+            for key in ("recurrent", "chunk_forked", "gather_fla")))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="gdn.json")
+    parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
+    args = parser.parse_args()
+    ceilings = {"matmul_tflops_bf16": matmul_tflops(), "copy_gbps": copy_gbps()}
+    print(f"ceilings: {ceilings}", flush=True)
+    rows, level_rows = [], []
+
+    def save():
+        # After every step, so a run stopped by its time limit keeps what it measured.
+        Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "ceilings": ceilings,
+                                              "shape": {"H": H, "HV": HV, "K": K, "V": V, "dtype": "bf16"},
+                                              "rows": rows, "question_level": level_rows}, indent=1))
+
+    for name in tqdm(args.workloads, desc="workloads"):
+        try:
+            run_workload(name, rows)
+        except Exception:
+            traceback.print_exc()
+        save()
+    try:
+        run_question_level(level_rows)
+    except Exception:
+        traceback.print_exc()
+    save()
+    print(f"{'workload':9s} {'forked ms':>10s} {'fla ms':>8s} {'% of fla':>9s} {'kernels: % of fla':>18s}")
+    for r in rows:
+        if "share_of_fla" in r:
+            fla = r["ms"] * r["share_of_fla"]
+            print(f"{r['workload']:9s} {r['ms']:10.3f} {fla:8.3f} {100 * r['share_of_fla']:8.0f}% "
+                  f"{100 * r['device_share_of_fla']:17.0f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,398 @@
+"""Correctness of Flide's GPU kernels on a CUDA device (issue 5's "Must show").
+
+Each check prints one line and lands in a JSON file:
+
+* each kernel in bf16 (and ForkAttention also in float32) against its PyTorch
+  reference run on float32 inputs (the references accumulate in float64), as
+  ``|out - ref| / |ref|`` over the whole output;
+* ForkAttention alone == forked, bitwise, in bf16 (and resumed == cold);
+* a stream of more than 2048 segments with 32 value heads;
+* 1-token and empty segments;
+* whole Qwen3.5 forwards (tiny and 4B-shaped, random weights) on the GPU in bf16
+  against the CPU float32 reference: total variation (TV) distance of the
+  next-token distributions at the readout rows, next to the TV of the same GPU
+  bf16 forward with every kernel forced to its PyTorch reference (the bf16
+  tolerance this run measures).
+
+Usage::
+
+    python benchmark/kernels/check_kernels.py --out results.json [--skip-4b]
+
+Exit status 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from flide_ext.kernels.causal_conv1d import causal_conv1d_ref  # noqa: E402
+from flide_ext.kernels.causal_conv1d_triton import causal_conv1d_triton  # noqa: E402
+from flide_ext.kernels.dispatch import force_reference  # noqa: E402
+from flide_ext.kernels.fork_attention import fork_attention_ref  # noqa: E402
+from flide_ext.kernels.fork_attention_triton import fork_attention_triton  # noqa: E402
+from flide_ext.kernels.gated_delta_rule import chunk_gated_delta_rule_ref  # noqa: E402
+from flide_ext.kernels.gated_delta_rule_triton import (  # noqa: E402
+    chunk_gated_delta_rule_fla,
+    chunk_gated_delta_rule_forked,
+    fla_available,
+    gated_delta_rule_forked,
+    recurrent_gated_delta_rule_triton,
+)
+from flide_ext.plan import Resume, plan_round  # noqa: E402
+from workloads import workload_prompts  # noqa: E402
+
+DEV = "cuda"
+BF16_TOL = 2e-2  # relative error of one bf16 kernel against its float32 reference
+FP32_TOL = 1e-5
+results: list[dict] = []
+
+
+def record(name: str, value, tolerance, passed: bool, **extra) -> None:
+    row = {"check": name, "value": value, "tolerance": tolerance, "pass": bool(passed), **extra}
+    results.append(row)
+    print(f"{'PASS' if passed else 'FAIL'}  {name}: {value} (tolerance {tolerance})", flush=True)
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double(), want.double()
+    if got.isnan().any():
+        return float("nan")
+    return float((got - want).norm() / want.norm().clamp(min=1e-30))
+
+
+def attention_inputs(plan, Hq, Hkv, D, dtype, gen, prefix=0):
+    T = plan.num_tokens
+    q = torch.randn(T, Hq, D, generator=gen, device=DEV).to(dtype)
+    k = torch.randn(prefix + T, Hkv, D, generator=gen, device=DEV).to(dtype)
+    v = torch.randn(prefix + T, Hkv, D, generator=gen, device=DEV).to(dtype)
+    return q, k, v
+
+
+def plan_args(plan):
+    return (plan.seg_parent, plan.seg_start, plan.seg_len, plan.seg_kv_start, plan.seg_kv_len,
+            plan.positions, plan.kv_positions)
+
+
+def check_attention_vs_reference(gen):
+    owners, prompts = workload_prompts("race", requests=2)
+    plan = plan_round(owners, prompts, DEV)
+    for Hq, Hkv, D, window in [(16, 4, 256, None), (8, 2, 128, None), (8, 8, 64, None), (16, 4, 256, 128)]:
+        for dtype in (torch.bfloat16, torch.float32):
+            q, k, v = attention_inputs(plan, Hq, Hkv, D, dtype, gen)
+            args = (*plan_args(plan), D**-0.5, window)
+            got = fork_attention_triton(q, k, v, *args)
+            want = fork_attention_ref(q.float(), k.float(), v.float(), *args)
+            tol = BF16_TOL if dtype == torch.bfloat16 else FP32_TOL
+            err = rel_err(got, want)
+            record(f"fork_attention {str(dtype)[6:]} Hq={Hq} Hkv={Hkv} D={D} window={window}", err, tol, err <= tol)
+
+
+def id_tables(Hq, Hkv, D, gen, vocab=1024, max_pos=8192):
+    """q/k/v as functions of (token id, position), as in a model's first layer."""
+    tables = [torch.randn(vocab, h, D, generator=gen, device=DEV) for h in (Hq, Hkv, Hkv)]
+    pos_tables = [torch.randn(max_pos, h, D, generator=gen, device=DEV) for h in (Hq, Hkv, Hkv)]
+
+    def rows(ids, pos):
+        return [(t[ids % vocab] + p[pos]).to(torch.bfloat16) for t, p in zip(tables, pos_tables)]
+
+    return rows
+
+
+def check_alone_equals_forked(gen):
+    for workload in ("race", "multirc", "quality"):
+        for Hq, Hkv, D in [(16, 4, 256), (8, 2, 128)]:
+            rows = id_tables(Hq, Hkv, D, gen)
+            owners, prompts = workload_prompts(workload, requests=3, seed=11)
+            forked = plan_round(owners, prompts, DEV)
+            q, k, v = rows(forked.token_ids, forked.positions)
+            out = fork_attention_triton(q, k, v, *plan_args(forked), D**-0.5)
+            mismatched, checked = 0, 0
+            picks = [i for i in range(len(prompts)) if owners[i] == 1][:4]
+            for i in picks:
+                alone = plan_round([0], [prompts[i]], DEV)
+                qa, ka, va = rows(alone.token_ids, alone.positions)
+                got = fork_attention_triton(qa, ka, va, *plan_args(alone), D**-0.5)
+                end = int(forked.readout_rows[forked.prompt_readout[i]]) + 1
+                seg = int(forked.token_segment[end - 1])
+                m = int(forked.seg_len[seg])
+                checked += 1
+                mismatched += int(not torch.equal(got[-m:], out[end - m : end]))
+            record(f"alone == forked bitwise, bf16 {workload} Hq={Hq} D={D}", f"{checked - mismatched}/{checked} equal",
+                   "all", mismatched == 0)
+    # Resumed from a checkpoint of the state's first 200 tokens == cold.
+    rows = id_tables(16, 4, 256, gen)
+    owners, prompts = workload_prompts("race", requests=1, seed=12)
+    cold = plan_round(owners, prompts, DEV)
+    qc, kc, vc = rows(cold.token_ids, cold.positions)
+    out_cold = fork_attention_triton(qc, kc, vc, *plan_args(cold), 256**-0.5)
+    L = 200
+    warm = plan_round(owners, prompts, DEV, resume={0: Resume(length=L, slot=-1, kv_start=0)})
+    ids = torch.tensor(prompts[0][:L], device=DEV)
+    _, kp, vp = rows(ids, torch.arange(L, device=DEV))
+    qw, kw, vw = rows(warm.token_ids, warm.positions)
+    out_warm = fork_attention_triton(qw, torch.cat([kp, kw]), torch.cat([vp, vw]), *plan_args(warm), 256**-0.5)
+    same = torch.equal(out_warm, out_cold[L:])
+    record("resumed (checkpoint 200 tokens) == cold bitwise, bf16 race D=256", same, True, same)
+
+
+def gdn_inputs(T, H, HV, K, V, gen, dtype=torch.bfloat16):
+    q = torch.randn(T, H, K, generator=gen, device=DEV).to(dtype)
+    k = torch.randn(T, H, K, generator=gen, device=DEV).to(dtype)
+    v = torch.randn(T, HV, V, generator=gen, device=DEV).to(dtype)
+    g = -torch.rand(T, HV, generator=gen, device=DEV) * 0.5
+    beta = torch.rand(T, HV, generator=gen, device=DEV).to(dtype)
+    return q, k, v, g, beta
+
+
+def run_levels(fn, plan, tensors, pool, out):
+    slots = plan.seg_slot
+    for level in plan.levels:
+        fn(*tensors, plan.seg_start[level], plan.seg_len[level], plan.seg_initial_slot[level], slots[level], out=out)
+    return out
+
+
+def gdn_reference_levels(plan, q, k, v, g, beta, scale, pool):
+    out = torch.zeros(v.shape, dtype=torch.float32, device=DEV)
+    for level in plan.levels:
+        chunk_gated_delta_rule_ref(q.float(), k.float(), v.float(), g, beta.float(), scale, pool, plan.seg_start[level],
+                                   plan.seg_len[level], plan.seg_initial_slot[level], plan.seg_slot[level], out=out)
+    return out
+
+
+def check_gdn(gen, workload, requests, label, H=16, HV=32, K=128, V=128, C=None):
+    owners, prompts = workload_prompts(workload, requests=requests, seed=3)
+    plan = plan_round(owners, prompts, DEV)
+    plan.assign_slots(list(range(plan.num_segments)))
+    T, S = plan.num_tokens, plan.num_segments
+    q, k, v, g, beta = gdn_inputs(T, H, HV, K, V, gen)
+    scale = K**-0.5
+    want_pool = torch.zeros(S, HV, K, V, dtype=torch.float64, device=DEV)
+    want = gdn_reference_levels(plan, q, k, v, g, beta, scale, want_pool)
+    paths = [("dispatch (gated_delta_rule_forked)", gated_delta_rule_forked),
+             ("own recurrent kernel", recurrent_gated_delta_rule_triton)]
+    if fla_available():
+        paths.append(("fla WY + own forked-state chunk kernel", chunk_gated_delta_rule_forked))
+        paths.append(("fla chunk with gathered states", chunk_gated_delta_rule_fla))
+    for name, fn in paths:
+        pool = torch.full((S, HV, K, V), float("nan"), device=DEV)
+        out = torch.full(v.shape, float("nan"), dtype=v.dtype, device=DEV)
+        run_levels(fn, plan, (q, k, v, g, beta, scale, pool), pool, out)
+        err = rel_err(out, want)
+        kept = plan.seg_slot[plan.seg_len > 0]
+        state_err = rel_err(pool[kept], want_pool[kept])
+        ok = err <= BF16_TOL and state_err <= BF16_TOL
+        record(f"gated delta rule bf16 {label}: {name}", {"out": err, "final_states": state_err}, BF16_TOL, ok,
+               segments=S, tokens=T, value_heads=HV)
+    # Causal conv1d over the same levels, 4B channel count.
+    C = C or 2 * H * K + HV * V
+    x = torch.randn(T, C, generator=gen, device=DEV).to(torch.bfloat16)
+    w = (torch.randn(C, 4, generator=gen, device=DEV) * 0.5).to(torch.bfloat16)
+    ref_pool = torch.zeros(S, C, 3, device=DEV)
+    ref = torch.zeros(T, C, device=DEV)
+    for level in plan.levels:
+        causal_conv1d_ref(x.float(), w.float(), None, ref_pool, plan.seg_start[level], plan.seg_len[level],
+                          plan.seg_initial_slot[level], plan.seg_slot[level], "silu", out=ref)
+    pool = torch.full((S, C, 3), float("nan"), device=DEV, dtype=torch.bfloat16)
+    out = torch.full((T, C), float("nan"), device=DEV, dtype=torch.bfloat16)
+    for level in plan.levels:
+        causal_conv1d_triton(x, w, None, pool, plan.seg_start[level], plan.seg_len[level],
+                             plan.seg_initial_slot[level], plan.seg_slot[level], "silu", out=out)
+    err = rel_err(out, ref)
+    kept = plan.seg_slot
+    win_err = rel_err(pool[kept].float(), ref_pool[kept])
+    record(f"causal conv1d bf16 {label}", {"out": err, "final_windows": win_err}, BF16_TOL,
+           err <= BF16_TOL and win_err <= BF16_TOL, segments=S, tokens=T, channels=C)
+
+
+def many_segments_prompts(requests=300, questions=7, seed=5):
+    gen = torch.Generator().manual_seed(seed)
+    owners, prompts = [], []
+    for r in range(requests):
+        state = torch.randint(0, 30000, (int(torch.randint(1, 40, (1,), generator=gen)),), generator=gen).tolist()
+        for i in range(questions):
+            n = int(torch.randint(1, 5, (1,), generator=gen))
+            owners.append(r)
+            prompts.append(state + [30000 + i] + torch.randint(0, 30000, (n - 1,), generator=gen).tolist())
+    return owners, prompts
+
+
+def check_many_segments(gen):
+    owners, prompts = many_segments_prompts()
+    plan = plan_round(owners, prompts, DEV)
+    plan.assign_slots(list(range(plan.num_segments)))
+    S, T = plan.num_segments, plan.num_tokens
+    q, k, v = attention_inputs(plan, 16, 4, 256, torch.bfloat16, gen)
+    got = fork_attention_triton(q, k, v, *plan_args(plan), 256**-0.5)
+    want = fork_attention_ref(q.float(), k.float(), v.float(), *plan_args(plan), 256**-0.5)
+    err = rel_err(got, want)
+    record(f"fork_attention bf16, {S} segments, {T} tokens, 1-token questions", err, BF16_TOL, err <= BF16_TOL,
+           segments=S)
+    q, k, v, g, beta = gdn_inputs(T, 16, 32, 128, 128, gen)
+    want_pool = torch.zeros(S, 32, 128, 128, dtype=torch.float64, device=DEV)
+    want = gdn_reference_levels(plan, q, k, v, g, beta, 128**-0.5, want_pool)
+    pool = torch.full((S, 32, 128, 128), float("nan"), device=DEV)
+    out = torch.full(v.shape, float("nan"), dtype=v.dtype, device=DEV)
+    run_levels(gated_delta_rule_forked, plan, (q, k, v, g, beta, 128**-0.5, pool), pool, out)
+    err = rel_err(out, want)
+    record(f"gated delta rule bf16, {S} segments, 32 value heads", err, BF16_TOL, err <= BF16_TOL, segments=S)
+
+
+def check_empty_segments(gen):
+    seg_parent = torch.tensor([-1, 0, 1, -1, 3], device=DEV)
+    seg_start = torch.tensor([0, 5, 5, 6, 7], device=DEV)
+    seg_len = torch.tensor([5, 0, 1, 1, 0], device=DEV)
+    positions = torch.tensor([0, 1, 2, 3, 4, 5, 0], device=DEV)
+    q, k, v = (torch.randn(7, h, 128, generator=gen, device=DEV).to(torch.bfloat16) for h in (8, 2, 2))
+    args = (seg_parent, seg_start, seg_len, seg_start, seg_len, positions, positions, 128**-0.5)
+    got = fork_attention_triton(q, k, v, *args)
+    err = rel_err(got, fork_attention_ref(q.float(), k.float(), v.float(), *args))
+    own = torch.equal(got[6], v[6].repeat_interleave(4, dim=0))
+    record("fork_attention bf16, empty and 1-token segments", {"rel_err": err, "1-token root == own value": own},
+           BF16_TOL, err <= BF16_TOL and own)
+    # GDN and conv: levels with empty and 1-token segments, slots chained.
+    starts = torch.tensor([0, 9, 11, 12, 12, 19], device=DEV)
+    lens = torch.tensor([9, 2, 1, 0, 7, 1], device=DEV)
+    initial = torch.tensor([-1, -1, -1, 0, 1, 2], device=DEV)
+    final = torch.tensor([0, 1, 2, 3, -1, 4], device=DEV)
+    T = 20
+    q, k, v, g, beta = gdn_inputs(T, 2, 4, 128, 128, gen)
+    want_pool = torch.zeros(6, 4, 128, 128, dtype=torch.float64, device=DEV)
+    want = torch.zeros(T, 4, 128, device=DEV)
+    fns = [("recurrent", recurrent_gated_delta_rule_triton), ("dispatch", gated_delta_rule_forked)]
+    if fla_available():
+        fns.append(("fla", chunk_gated_delta_rule_fla))
+        fns.append(("chunk forked", chunk_gated_delta_rule_forked))
+    for level in (slice(0, 3), slice(3, 6)):
+        chunk_gated_delta_rule_ref(q.float(), k.float(), v.float(), g, beta.float(), 128**-0.5, want_pool,
+                                   starts[level], lens[level], initial[level], final[level], out=want)
+    for name, fn in fns:
+        pool = torch.full((6, 4, 128, 128), float("nan"), device=DEV)
+        out = torch.full(v.shape, float("nan"), dtype=v.dtype, device=DEV)
+        for level in (slice(0, 3), slice(3, 6)):
+            fn(q, k, v, g, beta, 128**-0.5, pool, starts[level], lens[level], initial[level], final[level], out=out)
+        err = rel_err(out, want)
+        passthrough = torch.equal(pool[3], pool[0])
+        record(f"gated delta rule bf16, empty and 1-token segments: {name}",
+               {"rel_err": err, "empty segment passes state": passthrough}, BF16_TOL, err <= BF16_TOL and passthrough)
+
+
+def tiny_qwen35_config():
+    from transformers import Qwen3_5TextConfig
+
+    config = Qwen3_5TextConfig(
+        vocab_size=1024, hidden_size=128, num_hidden_layers=4, intermediate_size=256,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+        linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=64, linear_value_head_dim=64,
+        linear_conv_kernel_dim=4, tie_word_embeddings=True, max_position_embeddings=32768, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25},
+    )
+    config.architectures = ["Qwen3_5ForCausalLM"]
+    return config
+
+
+def model_logprobs(model, config, owners, prompts, device):
+    from flide_ext.runtime.state_pool import StatePool
+
+    plan = plan_round(owners, prompts, device)
+    recurrent_shape, conv_shape = model.gdn_state_shapes()
+    exact = device == "cpu"
+    dtype = model.model.embed_tokens.weight.dtype
+    pool = StatePool(recurrent_shape, conv_shape, model.num_gdn_layers, dtype, device,
+                     recurrent_dtype=torch.float64 if exact else torch.float32)
+    plan.assign_slots(pool.allocate(plan.num_segments))
+    with torch.inference_mode():
+        out = model(plan, pool)
+    return out[plan.prompt_readout].float().cpu()
+
+
+def tv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Total variation distance per row between two log-probability tables."""
+    return 0.5 * (a.double().exp() - b.double().exp()).abs().sum(-1)
+
+
+def check_model(name, config, owners, prompts, seed=0):
+    from flide_ext.models import MODEL_CLASSES
+    from flide_ext.random_checkpoints import random_model
+
+    t0 = time.time()
+    gpu = random_model(config, torch.bfloat16, DEV, seed=seed)
+
+    with torch.device("meta"):
+        cpu = MODEL_CLASSES[config.architectures[0]](config)
+    cpu = cpu.to_empty(device="cpu").float().eval()
+    cpu.load_state_dict({k: t.float().cpu() for k, t in gpu.state_dict().items()})
+    fast = model_logprobs(gpu, config, owners, prompts, DEV)
+    with force_reference():
+        slow = model_logprobs(gpu, config, owners, prompts, DEV)
+    ref = model_logprobs(cpu, config, owners, prompts, "cpu")
+    tv_fast, tv_slow = tv(fast, ref), tv(slow, ref)
+    agree = float((fast.argmax(-1) == ref.argmax(-1)).double().mean())
+    tol = float(2 * tv_slow.max() + 1e-3)
+    ok = bool(tv_fast.max() <= tol) and not fast.isnan().any()
+    record(f"{name} forward, GPU bf16 Triton vs CPU float32 reference: max TV", float(tv_fast.max()), tol, ok,
+           mean_tv=float(tv_fast.mean()), bf16_reference_kernels_max_tv=float(tv_slow.max()),
+           bf16_reference_kernels_mean_tv=float(tv_slow.mean()), argmax_agreement=agree,
+           questions=len(prompts), seconds=round(time.time() - t0, 1))
+    del gpu, cpu
+    torch.cuda.empty_cache()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="check_kernels.json")
+    parser.add_argument("--skip-4b", action="store_true", help="skip the 4B-shaped whole-model check")
+    parser.add_argument("--only", nargs="*", help="run only the steps whose label contains one of these words")
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu under TRITON_INTERPRET=1 (smoke test)")
+    args = parser.parse_args()
+    global DEV
+    DEV = args.device
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    info = {"device": torch.cuda.get_device_name() if DEV == "cuda" else DEV, "torch": torch.__version__, "fla": fla_available()}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    print(info, flush=True)
+    steps = [
+        ("attention vs reference", lambda: check_attention_vs_reference(gen)),
+        ("alone == forked", lambda: check_alone_equals_forked(gen)),
+        ("gdn race", lambda: check_gdn(gen, "race", 2, "race-shaped, Qwen3.5-4B GDN heads")),
+        ("gdn multirc", lambda: check_gdn(gen, "multirc", 2, "multirc-shaped, Qwen3.5-4B GDN heads")),
+        ("many segments", lambda: check_many_segments(gen)),
+        ("empty segments", lambda: check_empty_segments(gen)),
+        ("tiny model", lambda: check_model("tiny Qwen3.5", tiny_qwen35_config(), *workload_prompts("race", 2, vocab=1024))),
+    ]
+    if not args.skip_4b:
+        from flide_ext.random_checkpoints import qwen35_config
+
+        owners, prompts = workload_prompts("race", 1, vocab=248320)
+        prompts = [p[:160] + p[375:391] for p in prompts]  # 160-token state, 16-token questions: CPU time
+        steps.append(("4B model", lambda: check_model("Qwen3.5-4B-shaped", qwen35_config("qwen3.5-4b"), owners, prompts)))
+    for label, step in steps:
+        if args.only and not any(word in label for word in args.only):
+            continue
+        try:
+            step()
+        except Exception as e:
+            traceback.print_exc()
+            record(f"{label}: raised", repr(e)[:300], None, False)
+        Path(args.out).write_text(json.dumps({"info": info, "checks": results}, indent=1))
+    failed = [r["check"] for r in results if not r["pass"]]
+    print(f"{len(results) - len(failed)}/{len(results)} checks passed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""Tile and launch settings of Flide's kernels, timed side by side on the GPU:
+the data behind ``fork_attention_triton.TILE_OVERRIDE``'s defaults and
+``gated_delta_rule_triton.RECURRENT_CONFIG``.
+
+* ForkAttention (BLOCK_M, BLOCK_N, warps, stages, packed GQA) at Qwen3.5-4B
+  (16/4 heads, 256) and 8/2 heads of 128, on the RACE, MultiRC and QuALITY
+  streams; each setting's output is compared with the default setting's.
+* The recurrent GDN kernel's (BLOCK_V, warps) on a level of 32 questions x 90.
+* A profile of the gather + fla chunk path on a level of 32 questions x 25.
+* The inter-chunk kernel's (BLOCK_V, warps, stages) and ``RECURRENT_MAX_LEN``,
+  timed as the whole forked GDN pass (GPU kernel time) beside fla's chunk kernel
+  on the same tokens, with a per-kernel profile of both.
+
+Usage::
+
+    python benchmark/kernels/sweep_kernels.py --out sweep.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import triton.testing
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from workloads import WORKLOADS, workload_prompts  # noqa: E402
+
+import flide_ext.kernels.fork_attention_triton as fat  # noqa: E402
+import flide_ext.kernels.gated_delta_rule_triton as gdt  # noqa: E402
+from flide_ext.plan import plan_round  # noqa: E402
+
+ATTENTION_CONFIGS = {
+    256: [(64, 32, 8, 2, False), (64, 64, 8, 2, False), (128, 32, 8, 2, False), (64, 32, 4, 2, True),
+          (64, 64, 4, 2, True), (64, 64, 8, 2, True), (128, 64, 8, 2, True), (128, 32, 8, 2, True),
+          (64, 64, 8, 3, True), (128, 64, 8, 3, True)],
+    128: [(64, 64, 4, 2, False), (128, 64, 8, 2, False), (64, 64, 4, 2, True), (128, 64, 8, 2, True),
+          (128, 32, 4, 2, True), (64, 64, 4, 3, True)],
+}
+RECURRENT_CONFIGS = [(16, 1), (32, 1), (32, 2), (32, 4), (64, 2), (64, 4), (128, 4), (128, 8)]
+STATES_CONFIGS = [(32, 4, 3), (16, 2, 2), (16, 4, 3), (32, 2, 2), (32, 4, 2), (32, 8, 3), (64, 4, 3), (64, 8, 2)]
+
+
+def bench(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median")
+
+
+def sweep_attention(rows):
+    for (Hq, Hkv, D) in [(16, 4, 256), (8, 2, 128)]:
+        for name in WORKLOADS:
+            owners, prompts = workload_prompts(name)
+            plan = plan_round(owners, prompts, "cuda")
+            T = plan.num_tokens
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            q = torch.randn(T, Hq, D, device="cuda", generator=gen, dtype=torch.bfloat16)
+            k = torch.randn(T, Hkv, D, device="cuda", generator=gen, dtype=torch.bfloat16)
+            v = torch.randn(T, Hkv, D, device="cuda", generator=gen, dtype=torch.bfloat16)
+            args = (q, k, v, plan.seg_parent, plan.seg_start, plan.seg_len, plan.seg_kv_start, plan.seg_kv_len,
+                    plan.positions, plan.kv_positions, D**-0.5)
+            fat.TILE_OVERRIDE = None
+            base = fat.fork_attention_triton(*args).float()
+            for cfg in ATTENTION_CONFIGS[D]:
+                fat.TILE_OVERRIDE = cfg
+                try:
+                    out = fat.fork_attention_triton(*args).float()
+                    err = float((out - base).norm() / base.norm())
+                    ms = bench(lambda: fat.fork_attention_triton(*args))
+                except Exception as e:
+                    err, ms = repr(e)[:200], None
+                rows.append({"kernel": "fork_attention", "Hq": Hq, "Hkv": Hkv, "D": D, "workload": name,
+                             "config": cfg, "ms": ms, "rel_diff_vs_default": err})
+                print(f"attn D={D} {name:8s} {str(cfg):28s} {ms if ms else float('nan'):8.3f} ms  diff {err}",
+                      flush=True)
+            fat.TILE_OVERRIDE = None
+
+
+def sweep_recurrent(rows, questions=32, n=90):
+    H, HV, K, V = 16, 32, 128, 128
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    T = questions * n
+    q = torch.randn(T, H, K, device="cuda", generator=gen, dtype=torch.bfloat16)
+    k = torch.randn(T, H, K, device="cuda", generator=gen, dtype=torch.bfloat16)
+    v = torch.randn(T, HV, V, device="cuda", generator=gen, dtype=torch.bfloat16)
+    g = -torch.rand(T, HV, device="cuda", generator=gen) * 0.5
+    beta = torch.rand(T, HV, device="cuda", generator=gen).to(torch.bfloat16)
+    pool = torch.randn(4 + questions, HV, K, V, device="cuda", generator=gen)
+    start = torch.arange(questions, device="cuda") * n
+    length = torch.full((questions,), n, device="cuda")
+    first = torch.arange(questions, device="cuda") % 4
+    last = 4 + torch.arange(questions, device="cuda")
+    args = (q, k, v, g, beta, K**-0.5, pool, start, length, first, last)
+    base = gdt.recurrent_gated_delta_rule_triton(*args).float()
+    default = gdt.RECURRENT_CONFIG
+    for cfg in RECURRENT_CONFIGS:
+        gdt.RECURRENT_CONFIG = cfg
+        out = gdt.recurrent_gated_delta_rule_triton(*args).float()
+        err = float((out - base).norm() / base.norm())
+        ms = bench(lambda: gdt.recurrent_gated_delta_rule_triton(*args))
+        rows.append({"kernel": "recurrent_gdn", "questions": questions, "tokens": n, "config": cfg, "ms": ms,
+                     "rel_diff_vs_default": err})
+        print(f"recurrent {questions}x{n} {cfg} {ms:.3f} ms diff {err:.1e}", flush=True)
+    gdt.RECURRENT_CONFIG = default
+    # Where does the gather + fla path spend its time?
+    short = (q[: questions * 25], k[: questions * 25], v[: questions * 25], g[: questions * 25],
+             beta[: questions * 25], K**-0.5, pool, start // n * 25, torch.full_like(length, 25), first, last)
+    for _ in range(3):
+        gdt.chunk_gated_delta_rule_fla(*short)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            gdt.chunk_gated_delta_rule_fla(*short)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=18)
+    print(table, flush=True)
+    rows.append({"kernel": "gather_fla_profile", "table": table})
+
+
+def sweep_states(rows):
+    from bench_gdn import HV, K, V, device_ms, inputs
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    default_states, default_max = gdt.STATES_CONFIG, gdt.RECURRENT_MAX_LEN
+    for name in ("race", "quality", "multirc"):
+        owners, prompts = workload_prompts(name)
+        plan = plan_round(owners, prompts, "cuda")
+        plan.assign_slots(list(range(plan.num_segments)))
+        T = plan.num_tokens
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        q, k, v, g, beta = inputs(T, gen)
+        pool = torch.zeros(plan.num_segments, HV, K, V, device="cuda")
+        out = torch.empty_like(v)
+        levels = plan.level_tables()
+
+        def forked():
+            for level in levels:
+                gdt.gated_delta_rule_forked(q, k, v, g, beta, K**-0.5, pool, *level, out=out)
+
+        cu = torch.cat([plan.seg_start, plan.seg_start[-1:] + plan.seg_len[-1:]])
+
+        def fla_same_tokens():
+            chunk_gated_delta_rule(q[None], k[None], v[None], g[None], beta[None], scale=K**-0.5,
+                                   output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+
+        d_fla = device_ms(fla_same_tokens)
+        forked()
+        base = out.float().clone()
+        variants = [(cfg, default_max) for cfg in STATES_CONFIGS] + [(default_states, m) for m in (0, 32, 128)]
+        for cfg, max_len in variants:
+            gdt.STATES_CONFIG, gdt.RECURRENT_MAX_LEN = cfg, max_len
+            try:
+                forked()
+                err = float((out.float() - base).norm() / base.norm())
+                d = device_ms(forked)
+            except Exception as e:
+                err, d = repr(e)[:200], None
+            rows.append({"kernel": "gdn_forked", "workload": name, "states_config": cfg, "recurrent_max_len": max_len,
+                         "device_ms": d, "fla_same_tokens_device_ms": d_fla,
+                         "share_of_fla": d_fla / d if d else None, "rel_diff_vs_default": err})
+            print(f"gdn {name:8s} states {cfg} recurrent<= {max_len:3d}: {d if d else float('nan'):.3f} ms kernels, "
+                  f"fla {d_fla:.3f}: {100 * d_fla / d if d else 0:.0f}%  diff {err}", flush=True)
+        gdt.STATES_CONFIG, gdt.RECURRENT_MAX_LEN = default_states, default_max
+        for label, fn in (("forked", forked), ("fla same tokens", fla_same_tokens)):
+            try:
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    for _ in range(5):
+                        fn()
+                    torch.cuda.synchronize()
+                table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=10)
+            except Exception as e:
+                table = f"profile failed: {e!r}"
+            print(f"--- {name} {label}\n{table}", flush=True)
+            rows.append({"kernel": "gdn_profile", "workload": name, "path": label, "table": table})
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="sweep.json")
+    parser.add_argument("--only", nargs="*", choices=["recurrent", "attention", "states"],
+                        help="run only these sweeps")
+    args = parser.parse_args()
+    rows: list = []
+    steps = {"recurrent": sweep_recurrent, "attention": sweep_attention, "states": sweep_states}
+    for key, step in steps.items():
+        if args.only and key not in args.only:
+            continue
+        try:
+            step(rows)
+        except Exception:
+            traceback.print_exc()
+        Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

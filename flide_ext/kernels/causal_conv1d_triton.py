@@ -1,0 +1,113 @@
+"""Depthwise causal conv1d over varlen segments in Triton, each segment's initial
+window read from a pool slot by index and its final window written to a slot.
+
+Same signature and result as :func:`flide_ext.kernels.causal_conv1d.causal_conv1d_ref`.
+One program runs one segment for ``BLOCK_C`` channels, ``BLOCK_T`` rows at a
+time; taps that reach before the segment's first row read the parent's window
+in the pool, so no per-question copy of the window is made.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _causal_conv1d_kernel(
+    X, WEIGHT, BIAS, POOL, OUT,
+    SEG_START, SEG_LEN, INITIAL, FINAL,
+    C, stride_x, stride_out,
+    WIDTH: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+):
+    seg = tl.program_id(0)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = c < C
+    start = tl.load(SEG_START + seg)
+    n = tl.load(SEG_LEN + seg)
+    first = tl.load(INITIAL + seg)
+    last = tl.load(FINAL + seg)
+    HIST: tl.constexpr = WIDTH - 1
+    taps = tl.arange(0, BLOCK_W)
+    weight = tl.load(WEIGHT + c[:, None] * WIDTH + taps[None, :], mask=c_ok[:, None] & (taps[None, :] < WIDTH),
+                     other=0.0).to(tl.float32)
+    window = POOL + first.to(tl.int64) * C * HIST + c * HIST  # [BLOCK_C] row pointers of the initial window
+    for t0 in range(0, n, BLOCK_T):
+        rows = t0 + tl.arange(0, BLOCK_T)
+        row_ok = rows < n
+        acc = tl.zeros([BLOCK_T, BLOCK_C], tl.float32)
+        for tap in tl.static_range(WIDTH):
+            src = rows - HIST + tap  # index in the segment; negative: the initial window
+            in_x = row_ok & (src >= 0)
+            xv = tl.load(X + (start + src).to(tl.int64)[:, None] * stride_x + c[None, :],
+                         mask=in_x[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+            in_w = row_ok & (src < 0) & (first >= 0)
+            wv = tl.load(window[None, :] + (HIST + src)[:, None], mask=in_w[:, None] & c_ok[None, :],
+                         other=0.0).to(tl.float32)
+            w_tap = tl.sum(tl.where(taps[None, :] == tap, weight, 0.0), axis=1)
+            acc += (xv + wv) * w_tap[None, :]
+        if HAS_BIAS:
+            acc += tl.load(BIAS + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+        if SILU:
+            acc = acc * tl.sigmoid(acc)
+        tl.store(OUT + (start + rows).to(tl.int64)[:, None] * stride_out + c[None, :], acc.to(OUT.dtype.element_ty),
+                 mask=row_ok[:, None] & c_ok[None, :])
+    if last >= 0:
+        # The last HIST inputs on the path: from the segment, or (short segment) from the initial window.
+        hist = tl.arange(0, BLOCK_W)
+        src = n - HIST + hist
+        h_ok = hist < HIST
+        in_x = h_ok & (src >= 0)
+        xv = tl.load(X + (start + src).to(tl.int64)[:, None] * stride_x + c[None, :],
+                     mask=in_x[:, None] & c_ok[None, :], other=0.0)
+        in_w = h_ok & (src < 0) & (first >= 0)
+        wv = tl.load(window[None, :] + (HIST + src)[:, None], mask=in_w[:, None] & c_ok[None, :], other=0.0)
+        value = tl.where(in_x[:, None], xv.to(POOL.dtype.element_ty), wv.to(POOL.dtype.element_ty))
+        tl.store(POOL + last.to(tl.int64) * C * HIST + c[None, :] * HIST + hist[:, None], value,
+                 mask=h_ok[:, None] & c_ok[None, :])
+
+
+def causal_conv1d_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    conv_pool: torch.Tensor,
+    seg_start: torch.Tensor,
+    seg_len: torch.Tensor,
+    initial_slot: torch.Tensor,
+    final_slot: torch.Tensor,
+    activation: Optional[str] = "silu",
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Triton causal conv1d; arguments, shapes and result as
+    :func:`flide_ext.kernels.causal_conv1d.causal_conv1d_ref` (float32 accumulation).
+
+    A segment's initial and final slots must differ (a child reads its parent's slot).
+
+    Raises:
+        ValueError: an unsupported activation.
+    """
+    if activation not in ("silu", None):
+        raise ValueError(f"activation {activation!r} is not supported")
+    T, C = x.shape
+    W = weight.shape[1]
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if out is None:
+        out = torch.zeros_like(x)
+    S = seg_start.numel()
+    if S == 0:
+        return out
+    BLOCK_C = 128
+    _causal_conv1d_kernel[(S, triton.cdiv(C, BLOCK_C))](
+        x, weight.contiguous(), bias if bias is not None else weight, conv_pool, out,
+        seg_start.int(), seg_len.int(), initial_slot.int(), final_slot.int(),
+        C, x.stride(0), out.stride(0),
+        WIDTH=W, BLOCK_W=triton.next_power_of_2(W), BLOCK_C=BLOCK_C, BLOCK_T=32,
+        HAS_BIAS=bias is not None, SILU=activation == "silu",
+    )
+    return out

@@ -1,0 +1,480 @@
+"""Gated delta rule over varlen segments on the GPU, with forked initial states.
+
+Same signature and result as :func:`flide_ext.kernels.gated_delta_rule.chunk_gated_delta_rule_ref`.
+The tree's levels run one after another; every kernel here reads a segment's
+initial state from ``state_pool[initial_slot]`` and writes its final state to
+``state_pool[final_slot]``, so forking a state to many questions copies nothing.
+
+* :func:`chunk_gated_delta_rule_forked`: the chunked algorithm (Yang et al.,
+  2024, arXiv:2406.06484) with fla-core's intra-chunk WY kernel and output
+  kernel as they are, and this module's own inter-chunk kernel
+  (:func:`chunk_states_triton`), the one step that touches the recurrent state.
+* :func:`recurrent_gated_delta_rule_triton`: own token-by-token kernel; one
+  program per segment, value head and ``BLOCK_V`` value columns.
+* :func:`chunk_gated_delta_rule_fla`: fla-core's public chunked kernel with the
+  parent states gathered (copied) into its dense initial-state tensor; kept as
+  the measured alternative.
+
+:func:`gated_delta_rule_forked` picks per level. Measured on the H200
+(``benchmark/kernels/bench_gdn.py``, ``benchmark/results/kernels/``), for a
+level of 32 questions forked from 4 states at Qwen3.5-4B shapes, GPU kernel
+time: the recurrent kernel is fastest up to ~40 tokens per question (0.14 ms at
+25 tokens against 0.23 chunked and 0.37 gathered), the chunked kernel with
+forked states from ~64 tokens (0.31 ms against 0.32 recurrent at 64; 0.45
+against 0.45 at 90; 0.99 against 1.25 at 256), and gathering states for fla's
+public kernel costs a copy of ``HV*K*V`` floats per question on top of the same
+work. Hence ``RECURRENT_MAX_LEN``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .round_cache import round_cache
+
+# Longest segment (tokens) a level may hold and still run the recurrent kernel
+# when its segments start from parent states; longer levels run the chunked path.
+RECURRENT_MAX_LEN = 48
+# (BLOCK_V, num_warps) of the recurrent kernel; chosen on the H200 by
+# benchmark/kernels/sweep_kernels.py.
+RECURRENT_CONFIG = (32, 1)
+# (BLOCK_V, num_warps, num_stages) of the inter-chunk kernel; chosen on the H200
+# by benchmark/kernels/sweep_kernels.py.
+STATES_CONFIG = (32, 4, 3)
+
+
+@triton.jit
+def _recurrent_kernel(
+    Q, K, V, G, BETA, O, POOL,
+    SEG_START, SEG_LEN, INITIAL, FINAL,
+    scale, stride_qt, stride_kt, stride_vt, stride_ot,
+    H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, L2NORM: tl.constexpr,
+):
+    seg = tl.program_id(0)
+    hv = tl.program_id(1)
+    h = hv // (HV // H)
+    kk = tl.arange(0, BLOCK_K)
+    vv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    k_ok = kk < DK
+    v_ok = vv < DV
+    start = tl.load(SEG_START + seg)
+    n = tl.load(SEG_LEN + seg)
+    first = tl.load(INITIAL + seg)
+    last = tl.load(FINAL + seg)
+    state_off = hv * DK * DV + kk[:, None] * DV + vv[None, :]
+    state_mask = k_ok[:, None] & v_ok[None, :]
+    S = tl.load(POOL + first.to(tl.int64) * HV * DK * DV + state_off, mask=state_mask & (first >= 0),
+                other=0.0).to(tl.float32)
+    # Each step's inputs are loaded one step ahead, so their memory latency
+    # overlaps the previous step's arithmetic.
+    t = start.to(tl.int64)
+    has = n > 0
+    q_next = tl.load(Q + t * stride_qt + h * DK + kk, mask=k_ok & has, other=0.0)
+    k_next = tl.load(K + t * stride_kt + h * DK + kk, mask=k_ok & has, other=0.0)
+    v_next = tl.load(V + t * stride_vt + hv * DV + vv, mask=v_ok & has, other=0.0)
+    g_next = tl.load(G + t * HV + hv, mask=has, other=0.0)
+    b_next = tl.load(BETA + t * HV + hv, mask=has, other=0.0)
+    for i in range(n):
+        t = (start + i).to(tl.int64)
+        q = q_next.to(tl.float32)
+        k = k_next.to(tl.float32)
+        v = v_next.to(tl.float32)
+        g = g_next.to(tl.float32)
+        b = b_next.to(tl.float32)
+        more = i + 1 < n
+        q_next = tl.load(Q + (t + 1) * stride_qt + h * DK + kk, mask=k_ok & more, other=0.0)
+        k_next = tl.load(K + (t + 1) * stride_kt + h * DK + kk, mask=k_ok & more, other=0.0)
+        v_next = tl.load(V + (t + 1) * stride_vt + hv * DV + vv, mask=v_ok & more, other=0.0)
+        g_next = tl.load(G + (t + 1) * HV + hv, mask=more, other=0.0)
+        b_next = tl.load(BETA + (t + 1) * HV + hv, mask=more, other=0.0)
+        if L2NORM:
+            q = q * tl.rsqrt(tl.sum(q * q) + 1e-6)
+            k = k * tl.rsqrt(tl.sum(k * k) + 1e-6)
+        S = S * tl.exp(g)
+        delta = b * (v - tl.sum(S * k[:, None], axis=0))
+        S = S + k[:, None] * delta[None, :]
+        o = tl.sum(S * (q * scale)[:, None], axis=0)
+        tl.store(O + t * stride_ot + hv * DV + vv, o.to(O.dtype.element_ty), mask=v_ok)
+    if last >= 0:
+        tl.store(POOL + last.to(tl.int64) * HV * DK * DV + state_off, S.to(POOL.dtype.element_ty), mask=state_mask)
+
+
+@triton.jit
+def _chunk_states_kernel(
+    K, W, U, G, H_OUT, V_NEW, POOL, CU, CHUNK_OFFSET, INITIAL, FINAL,
+    H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BT: tl.constexpr, HALF_K: tl.constexpr, BLOCK_V: tl.constexpr, IEEE: tl.constexpr,
+):
+    # The state's K rows are held as two register tiles of HALF_K rows (smaller
+    # matrix operands, fewer registers per tile).
+    vv = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
+    n = tl.program_id(1)
+    hv = tl.program_id(2)
+    h = hv // (HV // H)
+    k1 = tl.arange(0, HALF_K)
+    k2 = HALF_K + tl.arange(0, HALF_K)
+    ok1, ok2 = k1 < DK, k2 < DK
+    v_ok = vv < DV
+    bos = tl.load(CU + n)
+    eos = tl.load(CU + n + 1)
+    c0 = tl.load(CHUNK_OFFSET + n)
+    first = tl.load(INITIAL + n)
+    last = tl.load(FINAL + n)
+    off1 = hv * DK * DV + k1[:, None] * DV + vv[None, :]
+    off2 = hv * DK * DV + k2[:, None] * DV + vv[None, :]
+    mask1 = ok1[:, None] & v_ok[None, :]
+    mask2 = ok2[:, None] & v_ok[None, :]
+    # The parent's state is read from its slot: no copy per forked sequence.
+    src = POOL + first.to(tl.int64) * HV * DK * DV
+    S1 = tl.load(src + off1, mask=mask1 & (first >= 0), other=0.0).to(tl.float32)
+    S2 = tl.load(src + off2, mask=mask2 & (first >= 0), other=0.0).to(tl.float32)
+    for c in range(tl.cdiv(eos - bos, BT)):
+        t0 = bos + c * BT
+        rows = t0 + tl.arange(0, BT)
+        r_ok = rows < eos
+        r64 = rows.to(tl.int64)
+        dst = H_OUT + (c0 + c).to(tl.int64) * HV * DK * DV
+        tl.store(dst + off1, S1.to(H_OUT.dtype.element_ty), mask=mask1)
+        tl.store(dst + off2, S2.to(H_OUT.dtype.element_ty), mask=mask2)
+        w_rows = W + r64[:, None] * HV * DK + hv * DK
+        w1 = tl.load(w_rows + k1[None, :], mask=r_ok[:, None] & ok1[None, :], other=0.0)
+        w2 = tl.load(w_rows + k2[None, :], mask=r_ok[:, None] & ok2[None, :], other=0.0)
+        u = tl.load(U + r64[:, None] * HV * DV + hv * DV + vv[None, :], mask=r_ok[:, None] & v_ok[None, :], other=0.0)
+        if IEEE:
+            wS = tl.dot(w1, S1.to(w1.dtype), input_precision="ieee")
+            wS = tl.dot(w2, S2.to(w2.dtype), wS, input_precision="ieee")
+        else:
+            wS = tl.dot(w1, S1.to(w1.dtype))
+            wS = tl.dot(w2, S2.to(w2.dtype), wS)
+        v_new = u.to(tl.float32) - wS
+        tl.store(V_NEW + r64[:, None] * HV * DV + hv * DV + vv[None, :], v_new.to(V_NEW.dtype.element_ty),
+                 mask=r_ok[:, None] & v_ok[None, :])
+        g = tl.load(G + r64 * HV + hv, mask=r_ok, other=0.0)
+        g_last = tl.load(G + (tl.minimum(t0 + BT, eos) - 1).to(tl.int64) * HV + hv)
+        scaled = tl.where(r_ok[:, None], v_new * tl.exp2(g_last - g)[:, None], 0.0)
+        k_rows = K + r64[:, None] * H * DK + h * DK
+        ka = tl.load(k_rows + k1[None, :], mask=r_ok[:, None] & ok1[None, :], other=0.0)
+        kb = tl.load(k_rows + k2[None, :], mask=r_ok[:, None] & ok2[None, :], other=0.0)
+        decay = tl.exp2(g_last)
+        if IEEE:
+            S1 = S1 * decay + tl.dot(tl.trans(ka), scaled.to(ka.dtype), input_precision="ieee")
+            S2 = S2 * decay + tl.dot(tl.trans(kb), scaled.to(kb.dtype), input_precision="ieee")
+        else:
+            S1 = S1 * decay + tl.dot(tl.trans(ka), scaled.to(ka.dtype))
+            S2 = S2 * decay + tl.dot(tl.trans(kb), scaled.to(kb.dtype))
+    if last >= 0:
+        dst = POOL + last.to(tl.int64) * HV * DK * DV
+        tl.store(dst + off1, S1.to(POOL.dtype.element_ty), mask=mask1)
+        tl.store(dst + off2, S2.to(POOL.dtype.element_ty), mask=mask2)
+
+
+def chunk_states_triton(
+    k: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor,
+    g_cum: torch.Tensor,
+    state_pool: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    chunk_offsets: torch.Tensor,
+    initial_slot: torch.Tensor,
+    final_slot: torch.Tensor,
+    chunk_size: int = 64,
+    num_chunks: Optional[int] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Own Triton kernel for the inter-chunk step with forked states; arguments and
+    result as :func:`flide_ext.kernels.gated_delta_rule.chunk_states_ref`, plus
+    ``num_chunks`` (``chunk_offsets[-1]``, to skip a device sync when known).
+    One program runs one sequence, one value head and ``BLOCK_V`` value columns;
+    inputs are contiguous ``[T, heads, dim]``."""
+    T, HV, DV = u.shape
+    H, DK = k.shape[1], k.shape[2]
+    NT = int(chunk_offsets[-1]) if num_chunks is None else num_chunks
+    h = torch.empty(NT, HV, DK, DV, dtype=k.dtype, device=k.device)
+    v_new = torch.empty_like(u)
+    N = initial_slot.numel()
+    if N == 0 or T == 0:
+        return h, v_new
+    BLOCK_V, warps, stages = STATES_CONFIG
+    BLOCK_V = min(BLOCK_V, triton.next_power_of_2(DV))
+    _chunk_states_kernel[(triton.cdiv(DV, BLOCK_V), N, HV)](
+        k.contiguous(), w.contiguous(), u.contiguous(), g_cum.contiguous(), h, v_new, state_pool,
+        cu_seqlens, chunk_offsets, initial_slot, final_slot,
+        H=H, HV=HV, DK=DK, DV=DV, BT=chunk_size, HALF_K=max(16, triton.next_power_of_2(DK) // 2), BLOCK_V=BLOCK_V,
+        IEEE=k.dtype == torch.float32, num_warps=warps, num_stages=stages,
+    )
+    return h, v_new
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    # Kernels index heads and features densely within a row.
+    return x if x[0].is_contiguous() else x.contiguous()
+
+
+def recurrent_gated_delta_rule_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float,
+    state_pool: torch.Tensor,
+    seg_start: torch.Tensor,
+    seg_len: torch.Tensor,
+    initial_slot: torch.Tensor,
+    final_slot: torch.Tensor,
+    use_qk_l2norm: bool = True,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Own Triton kernel, token by token, state in float32 registers; arguments and
+    result as :func:`flide_ext.kernels.gated_delta_rule.recurrent_gated_delta_rule_ref`.
+    A segment's initial and final slots must differ."""
+    T, HV, DV = v.shape
+    H, DK = k.shape[1], k.shape[2]
+    if out is None:
+        out = torch.zeros_like(v)
+    S = seg_start.numel()
+    if S == 0 or T == 0:
+        return out
+    q, k, v = _rows(q), _rows(k), _rows(v)
+    BLOCK_V, warps = RECURRENT_CONFIG
+    BLOCK_V = min(BLOCK_V, triton.next_power_of_2(DV))
+    _recurrent_kernel[(S, HV, triton.cdiv(DV, BLOCK_V))](
+        q, k, v, g.contiguous(), beta.contiguous(), out, state_pool,
+        seg_start.int(), seg_len.int(), initial_slot.int(), final_slot.int(),
+        scale, q.stride(0), k.stride(0), v.stride(0), out.stride(0),
+        H=H, HV=HV, DK=DK, DV=DV, BLOCK_K=triton.next_power_of_2(DK), BLOCK_V=BLOCK_V,
+        L2NORM=use_qk_l2norm, num_warps=warps,
+    )
+    return out
+
+
+def fla_available() -> bool:
+    """True when fla-core's chunked gated delta rule imports (GPU machines only:
+    on a CPU-only machine importing fla makes transformers pick it and fail)."""
+    try:
+        import fla.ops.gated_delta_rule  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+@dataclass
+class LevelMeta:
+    """Host-side facts and varlen tables of one tree level (built once per round)."""
+
+    lo: int  # first stream row of the level's (non-empty) segments
+    hi: int  # one past the last row
+    max_len: int
+    forked: bool  # some segment starts from a parent state
+    cu_seqlens: torch.Tensor  # [n+1] int64, relative to lo, non-empty segments only
+    chunk_indices: Optional[torch.Tensor]  # fla's (sequence, chunk) table, [NT, 2]
+    chunk_offsets: torch.Tensor  # [n+1] first chunk of each sequence
+    num_chunks: int
+    initial: torch.Tensor  # [n] int32 slots of the non-empty segments
+    final: torch.Tensor
+    through: Optional[tuple[torch.Tensor, torch.Tensor]]  # empty segments: (from, to) slots
+
+
+def _level_meta(seg_start, seg_len, initial_slot, final_slot, chunk_size: int = 64) -> LevelMeta:
+    lens = seg_len.tolist()
+    starts = seg_start.tolist()
+    keep = [i for i, n in enumerate(lens) if n > 0]
+    empty = [i for i, n in enumerate(lens) if n == 0]
+    device = seg_start.device
+    through = None
+    if empty:
+        idx = torch.tensor(empty, device=device)
+        src, dst = initial_slot[idx], final_slot[idx]
+        keep_dst = dst >= 0
+        through = (src[keep_dst], dst[keep_dst])
+    if not keep:
+        z = torch.zeros(1, dtype=torch.long, device=device)
+        return LevelMeta(0, 0, 0, False, z, None, z, 0, z[:0].int(), z[:0].int(), through)
+    lo = starts[keep[0]]
+    bounds, pos = [0], lo
+    for i in keep:
+        if starts[i] != pos:
+            raise ValueError("a tree level's segments must lie back to back in stream order")
+        pos += lens[i]
+        bounds.append(pos - lo)
+    chunks = [0]
+    for i in keep:
+        chunks.append(chunks[-1] + -(-lens[i] // chunk_size))
+    idx = torch.tensor(keep, device=device)
+    pairs = [(n, c) for n, i in enumerate(keep) for c in range(-(-lens[i] // chunk_size))]
+    return LevelMeta(
+        lo=lo, hi=pos, max_len=max(lens[i] for i in keep),
+        forked=bool((initial_slot[idx] >= 0).any()),
+        cu_seqlens=torch.tensor(bounds, dtype=torch.long, device=device),
+        chunk_indices=torch.tensor(pairs, dtype=torch.long, device=device),
+        chunk_offsets=torch.tensor(chunks, dtype=torch.long, device=device),
+        num_chunks=chunks[-1],
+        initial=initial_slot[idx].int(), final=final_slot[idx].int(), through=through,
+    )
+
+
+def level_meta(seg_start, seg_len, initial_slot, final_slot) -> LevelMeta:
+    """:class:`LevelMeta` of a level, memoised for the round (:mod:`.round_cache`).
+
+    Raises:
+        ValueError: the non-empty segments do not lie back to back in stream order.
+    """
+    tensors = (seg_start, seg_len, initial_slot, final_slot)
+    return round_cache.get("gdn_level", tensors, lambda: _level_meta(*tensors))
+
+
+def _pass_through(meta: LevelMeta, state_pool: torch.Tensor) -> None:
+    # An empty segment's state is its initial state.
+    if meta.through is not None and meta.through[0].numel():
+        src, dst = meta.through
+        state = torch.where((src >= 0)[:, None, None, None], state_pool[src.clamp(min=0)], 0)
+        state_pool[dst] = state.to(state_pool.dtype)
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    # fla-core's fused row L2 norm (eps 1e-6, as the reference): one kernel
+    # where the same in PyTorch ops took five.
+    from fla.modules.norm.l2norm import l2norm_fwd
+
+    return l2norm_fwd(x.contiguous())[0]
+
+
+def chunk_gated_delta_rule_forked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float,
+    state_pool: torch.Tensor,
+    seg_start: torch.Tensor,
+    seg_len: torch.Tensor,
+    initial_slot: torch.Tensor,
+    final_slot: torch.Tensor,
+    use_qk_l2norm: bool = True,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Chunked gated delta rule over one tree level, states forked by index;
+    arguments and result as
+    :func:`flide_ext.kernels.gated_delta_rule.chunk_gated_delta_rule_ref`.
+
+    fla-core's intra-chunk WY kernel (``chunk_gated_delta_rule_fwd_intra``) and
+    output kernel (``chunk_fwd_o``) run as they are; the inter-chunk step, the
+    only one that touches the recurrent state, is this module's own
+    :func:`chunk_states_triton`, which reads each segment's initial state from
+    its slot and writes its final state to its slot (fla's takes a dense
+    initial-state tensor, which would be one copy per question).
+
+    Raises:
+        ValueError: the level's segments do not lie back to back in stream order.
+    """
+    from fla.ops.common.chunk_o import chunk_fwd_o
+    from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra
+    from fla.ops.utils import chunk_local_cumsum
+    from fla.ops.utils.constant import RCP_LN2
+
+    if out is None:
+        out = torch.zeros_like(v)
+    meta = level_meta(seg_start, seg_len, initial_slot, final_slot)
+    _pass_through(meta, state_pool)
+    if meta.hi == meta.lo:
+        return out
+    lo, hi, cu, ci = meta.lo, meta.hi, meta.cu_seqlens, meta.chunk_indices
+    qs, ks = q[lo:hi], k[lo:hi]
+    if use_qk_l2norm:
+        qs, ks = _l2norm(qs), _l2norm(ks)
+    qs, ks, vs = qs.contiguous(), ks.contiguous(), v[lo:hi].contiguous()
+    g_cum = chunk_local_cumsum(g[None, lo:hi].float(), chunk_size=64, scale=RCP_LN2, cu_seqlens=cu, chunk_indices=ci)
+    w, u, _ = chunk_gated_delta_rule_fwd_intra(k=ks[None], v=vs[None], g=g_cum, beta=beta[None, lo:hi].contiguous(),
+                                               cu_seqlens=cu, chunk_size=64, chunk_indices=ci)
+    h, v_new = chunk_states_triton(ks, w[0], u[0], g_cum[0], state_pool, cu, meta.chunk_offsets, meta.initial,
+                                   meta.final, 64, meta.num_chunks)
+    o = chunk_fwd_o(q=qs[None], k=ks[None], v=v_new[None], h=h[None], g=g_cum, scale=scale, cu_seqlens=cu,
+                    chunk_size=64, chunk_indices=ci)
+    out[lo:hi] = o[0].to(out.dtype)
+    return out
+
+
+def chunk_gated_delta_rule_fla(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float,
+    state_pool: torch.Tensor,
+    seg_start: torch.Tensor,
+    seg_len: torch.Tensor,
+    initial_slot: torch.Tensor,
+    final_slot: torch.Tensor,
+    use_qk_l2norm: bool = True,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """fla-core's public chunked kernel over one tree level, initial states
+    gathered (copied) from their slots and final states scattered back: the
+    alternative :func:`chunk_gated_delta_rule_forked` is measured against.
+    Arguments and result as :func:`flide_ext.kernels.gated_delta_rule.chunk_gated_delta_rule_ref`.
+
+    Raises:
+        ValueError: the level's segments do not lie back to back in stream order.
+    """
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+
+    if out is None:
+        out = torch.zeros_like(v)
+    meta = level_meta(seg_start, seg_len, initial_slot, final_slot)
+    _pass_through(meta, state_pool)
+    if meta.hi == meta.lo:
+        return out
+    lo, hi = meta.lo, meta.hi
+    initial = None
+    if meta.forked:
+        first = meta.initial.long()
+        initial = torch.where((first >= 0)[:, None, None, None], state_pool[first.clamp(min=0)], 0).float()
+    o, final = fla_chunk(
+        q[None, lo:hi], k[None, lo:hi], v[None, lo:hi], g[None, lo:hi].float(), beta[None, lo:hi],
+        scale=scale, initial_state=initial, output_final_state=True,
+        use_qk_l2norm_in_kernel=use_qk_l2norm, cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices,
+    )
+    out[lo:hi] = o[0].to(out.dtype)
+    last = meta.final.long()
+    kept = last >= 0
+    state_pool[last[kept]] = final[kept].to(state_pool.dtype)
+    return out
+
+
+def gated_delta_rule_forked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float,
+    state_pool: torch.Tensor,
+    seg_start: torch.Tensor,
+    seg_len: torch.Tensor,
+    initial_slot: torch.Tensor,
+    final_slot: torch.Tensor,
+    use_qk_l2norm: bool = True,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """One tree level on the GPU; arguments and result as
+    :func:`flide_ext.kernels.gated_delta_rule.chunk_gated_delta_rule_ref`.
+
+    Runs :func:`chunk_gated_delta_rule_forked` when fla-core is installed, except
+    for levels of short forked segments (at most ``RECURRENT_MAX_LEN`` tokens),
+    which run the own recurrent kernel; without fla, the recurrent kernel runs
+    every level (see the module docstring)."""
+    args = (q, k, v, g, beta, scale, state_pool, seg_start, seg_len, initial_slot, final_slot, use_qk_l2norm, out)
+    if seg_start.numel() == 0:
+        return out if out is not None else torch.zeros_like(v)
+    meta = level_meta(seg_start, seg_len, initial_slot, final_slot)
+    if fla_available() and not (meta.forked and meta.max_len <= RECURRENT_MAX_LEN):
+        return chunk_gated_delta_rule_forked(*args)
+    return recurrent_gated_delta_rule_triton(*args)

@@ -1,0 +1,289 @@
+"""Flide's Triton kernels under the Triton interpreter (``TRITON_INTERPRET=1``) on
+the CPU, each against its PyTorch reference on small shapes.
+
+The interpreter runs float32 tiles through NumPy (its bf16 ``tl.dot`` gives
+garbage in triton 3.8, so these tests stay in float32); the same kernels are checked in
+bf16 on the H200 by ``benchmark/kernels/check_kernels.py`` (results in
+``benchmark/results/``). fla-core's chunked kernel, which the GPU path also uses,
+does not run under the interpreter (REFERENCES.md) and is kept out of CPU
+environments; it is covered by that GPU run.
+"""
+
+import os
+
+# conftest.py sets this before anything imports triton (triton.jit reads it at
+# decoration time); kept here so the module also runs on its own.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from flide_ext.kernels import dispatch  # noqa: E402
+from flide_ext.kernels.causal_conv1d import causal_conv1d, causal_conv1d_ref  # noqa: E402
+from flide_ext.kernels.causal_conv1d_triton import causal_conv1d_triton  # noqa: E402
+from flide_ext.kernels.fork_attention import fork_attention_ref  # noqa: E402
+from flide_ext.kernels.fork_attention_triton import MAX_DEPTH, fork_attention_triton, path_tables  # noqa: E402
+from flide_ext.kernels.gated_delta_rule import recurrent_gated_delta_rule_ref  # noqa: E402
+from flide_ext.kernels.gated_delta_rule_triton import fla_available, recurrent_gated_delta_rule_triton  # noqa: E402
+from flide_ext.plan import Resume, plan_round  # noqa: E402
+
+
+def _attention_args(plan, Hq, Hkv, D, DV, gen, prefix=0):
+    T = plan.num_tokens
+    q = torch.randn(T, Hq, D, generator=gen)
+    k = torch.randn(prefix + T, Hkv, D, generator=gen)
+    v = torch.randn(prefix + T, Hkv, DV, generator=gen)
+    return (q, k, v, plan.seg_parent, plan.seg_start, plan.seg_len, plan.seg_kv_start, plan.seg_kv_len,
+            plan.positions, plan.kv_positions, D**-0.5)
+
+
+def _prompts(gen, requests=3):
+    prompts, owners = [], []
+    for r in range(requests):
+        state = torch.randint(0, 50, (int(torch.randint(1, 90, (1,), generator=gen)),), generator=gen).tolist()
+        for _ in range(int(torch.randint(1, 5, (1,), generator=gen))):
+            n = int(torch.randint(1, 9, (1,), generator=gen))  # 1-token questions included
+            prompts.append(state + (100 + torch.randint(0, 50, (n,), generator=gen)).tolist())
+            owners.append(r)
+    return owners, prompts
+
+
+@pytest.mark.parametrize("Hq,Hkv,D,DV,window", [(4, 2, 16, 16, None), (2, 2, 24, 16, None), (6, 2, 32, 32, 7)])
+def test_fork_attention_matches_reference(Hq, Hkv, D, DV, window):
+    gen = torch.Generator().manual_seed(Hq * 100 + D)
+    owners, prompts = _prompts(gen)
+    plan = plan_round(owners, prompts)
+    args = _attention_args(plan, Hq, Hkv, D, DV, gen)
+    got = fork_attention_triton(*args, sliding_window=window)
+    want = fork_attention_ref(*args, sliding_window=window)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fork_attention_resumed_from_checkpoint_keys():
+    gen = torch.Generator().manual_seed(3)
+    state = list(range(1, 41))
+    prompts = [state + [60, 61, 62], state + [70]]
+    plan = plan_round([0, 0], prompts, resume={0: Resume(length=30, slot=-1, kv_start=5)})
+    args = _attention_args(plan, 4, 2, 16, 16, gen, prefix=plan.num_prefix_rows)
+    torch.testing.assert_close(fork_attention_triton(*args), fork_attention_ref(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_fork_attention_empty_and_one_token_segments():
+    # Hand-made table: segment 1 is empty (no rows, no keys) between its parent
+    # and a 1-token child; segment 3 is a 1-token root.
+    gen = torch.Generator().manual_seed(4)
+    seg_parent = torch.tensor([-1, 0, 1, -1])
+    seg_start = torch.tensor([0, 5, 5, 6])
+    seg_len = torch.tensor([5, 0, 1, 1])
+    positions = torch.tensor([0, 1, 2, 3, 4, 5, 0])
+    q = torch.randn(7, 2, 16, generator=gen)
+    k = torch.randn(7, 1, 16, generator=gen)
+    v = torch.randn(7, 1, 16, generator=gen)
+    args = (q, k, v, seg_parent, seg_start, seg_len, seg_start, seg_len, positions, positions, 0.25)
+    got = fork_attention_triton(*args)
+    torch.testing.assert_close(got, fork_attention_ref(*args), rtol=1e-5, atol=1e-5)
+    # The 1-token root sees only itself: its output is its own value.
+    torch.testing.assert_close(got[6, 0], v[6, 0], rtol=1e-6, atol=1e-6)
+
+
+def test_fork_attention_alone_equals_forked_bitwise():
+    """A question's rows get the same bits alone (state and question in one
+    segment) as forked from the state among other requests' segments."""
+    gen = torch.Generator().manual_seed(5)
+    state = torch.randint(0, 50, (77,), generator=gen).tolist()
+    questions = [[101, 102, 103], [104], [105, 106, 107, 108, 109]]
+    other = torch.randint(0, 50, (40,), generator=gen).tolist()
+    forked = plan_round([0, 1, 1, 1], [other + [1, 2], *[state + qn for qn in questions]])
+    T = forked.num_tokens
+    Hq, Hkv, D = 4, 2, 16
+    # Keys and queries are functions of (token id, position), as in a model.
+    table_q = torch.randn(200, 400, Hq, D, generator=gen)
+    table_k = torch.randn(200, 400, Hkv, D, generator=gen)
+    table_v = torch.randn(200, 400, Hkv, D, generator=gen)
+
+    def run(plan):
+        ids, pos = plan.token_ids, plan.positions
+        return fork_attention_triton(
+            table_q[ids, pos], table_k[ids, pos], table_v[ids, pos], plan.seg_parent, plan.seg_start, plan.seg_len,
+            plan.seg_kv_start, plan.seg_kv_len, plan.positions, plan.kv_positions, D**-0.5,
+        )
+
+    out = run(forked)
+    assert T == len(other) + 2 + len(state) + sum(map(len, questions))
+    for i, qn in enumerate(questions):
+        alone = plan_round([0], [state + qn])
+        got_alone = run(alone)[-len(qn):]
+        end = forked.readout_rows[forked.prompt_readout[i + 1]] + 1
+        got_forked = out[end - len(qn) : end]
+        assert torch.equal(got_alone, got_forked), f"question {i} differs"
+
+
+def test_path_tables_refuse_deep_paths():
+    parent = torch.arange(-1, MAX_DEPTH)  # a chain of MAX_DEPTH + 1 segments
+    ones = torch.ones(MAX_DEPTH + 1, dtype=torch.long)
+    with pytest.raises(ValueError, match="at most"):
+        path_tables(parent, torch.arange(MAX_DEPTH + 1), ones)
+    kv, offset, count, own = path_tables(parent[:-1], torch.arange(MAX_DEPTH), ones[:-1])
+    assert own.tolist() == list(range(MAX_DEPTH))
+    assert count[-1].tolist() == [1] * MAX_DEPTH and offset[-1].tolist() == list(range(MAX_DEPTH))
+
+
+def _segment_table():
+    # Level of roots (one shorter than the conv history) then a level of children.
+    starts = torch.tensor([0, 9, 11, 12, 12, 19])
+    lens = torch.tensor([9, 2, 1, 0, 7, 4])
+    parent_slot = torch.tensor([-1, -1, -1, 0, 1, 2])
+    slot = torch.tensor([0, 1, 2, 3, -1, 4])
+    return starts, lens, parent_slot, slot
+
+
+@pytest.mark.parametrize("bias,activation", [(False, "silu"), (True, None)])
+def test_causal_conv1d_matches_reference(bias, activation):
+    gen = torch.Generator().manual_seed(6)
+    T, C, W = 23, 150, 4
+    x = torch.randn(T, C, generator=gen)
+    weight = torch.randn(C, W, generator=gen)
+    b = torch.randn(C, generator=gen) if bias else None
+    starts, lens, initial, final = _segment_table()
+    pools = [torch.full((6, C, W - 1), float("nan")) for _ in range(2)]
+    outs = [torch.full((T, C), float("nan")) for _ in range(2)]
+    for fn, pool, out in zip((causal_conv1d_ref, causal_conv1d_triton), pools, outs):
+        for level in (slice(0, 3), slice(3, 6)):
+            fn(x, weight, b, pool, starts[level], lens[level], initial[level], final[level], activation, out=out)
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    assert not outs[1].isnan().any()
+    written = final[final >= 0]
+    torch.testing.assert_close(pools[1][written], pools[0][written], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("H,HV,K,V", [(2, 2, 16, 16), (2, 4, 32, 48)])
+def test_recurrent_gated_delta_rule_matches_reference(H, HV, K, V):
+    gen = torch.Generator().manual_seed(7 + HV)
+    T = 23
+    q, k = torch.randn(T, H, K, generator=gen), torch.randn(T, H, K, generator=gen)
+    v = torch.randn(T, HV, V, generator=gen)
+    g = -torch.rand(T, HV, generator=gen)
+    beta = torch.rand(T, HV, generator=gen)
+    starts, lens, initial, final = _segment_table()
+    pools = [torch.full((6, HV, K, V), float("nan")) for _ in range(2)]
+    outs = [torch.full((T, HV, V), float("nan")) for _ in range(2)]
+    for fn, pool, out in zip((recurrent_gated_delta_rule_ref, recurrent_gated_delta_rule_triton), pools, outs):
+        for level in (slice(0, 3), slice(3, 6)):
+            fn(q, k, v, g, beta, K**-0.5, pool, starts[level], lens[level], initial[level], final[level], out=out)
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    assert not outs[1].isnan().any()
+    written = final[final >= 0]
+    torch.testing.assert_close(pools[1][written], pools[0][written], rtol=1e-5, atol=1e-5)
+    # The empty segment (3) passes its parent's state through.
+    torch.testing.assert_close(pools[1][3], pools[1][0], rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and fla_available()),
+                    reason="fla-core's chunked kernel does not run under TRITON_INTERPRET and fla is kept out of "
+                    "CPU environments (REFERENCES.md); benchmark/kernels/check_kernels.py covers it on the H200")
+def test_fla_chunk_path_matches_reference():
+    from flide_ext.kernels.gated_delta_rule_triton import chunk_gated_delta_rule_fla
+
+    gen = torch.Generator().manual_seed(9)
+    T, H, HV, K, V = 23, 2, 4, 64, 64
+    q, k = torch.randn(T, H, K, generator=gen), torch.randn(T, H, K, generator=gen)
+    v = torch.randn(T, HV, V, generator=gen)
+    g, beta = -torch.rand(T, HV, generator=gen), torch.rand(T, HV, generator=gen)
+    starts, lens, initial, final = _segment_table()
+    pool = torch.randn(6, HV, K, V, generator=gen)
+    want = recurrent_gated_delta_rule_ref(q, k, v, g, beta, K**-0.5, pool.clone(), starts, lens, initial, final)
+    got = chunk_gated_delta_rule_fla(*(x.cuda() for x in (q, k, v, g, beta)), K**-0.5, pool.cuda(), starts[:3].cuda(),
+                                     lens[:3].cuda(), initial[:3].cuda(), final[:3].cuda())
+    torch.testing.assert_close(got[:12].cpu(), want[:12], rtol=1e-3, atol=1e-3)
+
+
+def test_dispatch_switch(monkeypatch):
+    x = torch.zeros(2, 3)
+    assert not dispatch.use_triton(x)  # CPU tensors always take the reference
+    assert not dispatch.reference_forced()
+    with dispatch.force_reference():
+        assert dispatch.reference_forced()
+    assert not dispatch.reference_forced()
+    monkeypatch.setenv("FLIDE_REFERENCE_KERNELS", "1")
+    assert dispatch.reference_forced()
+    # The dispatcher on CPU is the reference.
+    gen = torch.Generator().manual_seed(8)
+    xs = torch.randn(6, 8, generator=gen)
+    w = torch.randn(8, 4, generator=gen)
+    one = torch.tensor([0])
+    pools = [torch.zeros(1, 8, 3) for _ in range(2)]
+    got = causal_conv1d(xs, w, None, pools[0], one, torch.tensor([6]), torch.tensor([-1]), one)
+    want = causal_conv1d_ref(xs, w, None, pools[1], one, torch.tensor([6]), torch.tensor([-1]), one)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3"])
+def test_whole_model_through_triton_kernels(tiny_dirs, family):
+    """A whole tiny model forward with every kernel call sent to the Triton
+    kernels (interpreted) matches the reference path, over a round with forks,
+    1-token questions and a second request."""
+    from flide_ext import Engine
+
+    engine = Engine(str(tiny_dirs[family]))
+    gen = torch.Generator().manual_seed(10)
+    state = torch.randint(3, 200, (70,), generator=gen).tolist()
+    groups = [
+        ([state + [201], state + [202, 203, 204], state + [205] * 9], [[1, 2], [1, 2], [3, 4]]),
+        ([[7, 8, 9, 10, 11]], [[5]]),
+    ]
+    want = engine.run_round(groups)
+    with dispatch.force_triton():
+        got = engine.run_round(groups)
+    for g_req, w_req in zip(got, want):
+        for g_q, w_q in zip(g_req, w_req):
+            torch.testing.assert_close(torch.tensor(g_q), torch.tensor(w_q), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("config", [(32, 16, 4, 1, True), (16, 32, 4, 1, False)])
+def test_fork_attention_other_tilings(monkeypatch, config):
+    """Packed GQA rows and other tile shapes compute the same function."""
+    import flide_ext.kernels.fork_attention_triton as fat
+
+    monkeypatch.setattr(fat, "TILE_OVERRIDE", config)
+    gen = torch.Generator().manual_seed(11)
+    owners, prompts = _prompts(gen)
+    plan = plan_round(owners, prompts)
+    args = _attention_args(plan, 8, 2, 16, 16, gen)
+    for window in (None, 6):
+        torch.testing.assert_close(fat.fork_attention_triton(*args, sliding_window=window),
+                                   fork_attention_ref(*args, sliding_window=window), rtol=1e-5, atol=1e-5)
+
+
+def test_chunk_states_matches_reference():
+    """The inter-chunk step with forked states (own kernel beside fla's WY
+    kernels on the GPU) against its reference: chunk states, corrected values and
+    final states, with a sequence reading another's slot."""
+    from flide_ext.kernels.gated_delta_rule import chunk_states_ref
+    from flide_ext.kernels.gated_delta_rule_triton import chunk_states_triton
+
+    gen = torch.Generator().manual_seed(12)
+    T, H, HV, K, V, C = 150, 2, 4, 32, 48, 16
+    k = torch.randn(T, H, K, generator=gen)
+    k = k / k.norm(dim=-1, keepdim=True)
+    w = torch.randn(T, HV, K, generator=gen) * 0.1
+    u = torch.randn(T, HV, V, generator=gen)
+    g = -torch.rand(T, HV, generator=gen) * 0.1
+    cu = torch.tensor([0, 70, 71, 150])
+    g_cum = torch.zeros_like(g)
+    offsets = [0]
+    for n in range(3):
+        for t0 in range(int(cu[n]), int(cu[n + 1]), C):
+            t1 = min(t0 + C, int(cu[n + 1]))
+            g_cum[t0:t1] = g[t0:t1].cumsum(0)
+        offsets.append(offsets[-1] + -(-int(cu[n + 1] - cu[n]) // C))
+    chunk_offsets = torch.tensor(offsets)
+    initial, final = torch.tensor([-1, 0, 1]), torch.tensor([2, 3, -1])
+    pool = torch.randn(4, HV, K, V, generator=gen)
+    pools = [pool.clone(), pool.clone()]
+    h_ref, v_ref = chunk_states_ref(k, w, u, g_cum, pools[0], cu, chunk_offsets, initial, final, C)
+    h_got, v_got = chunk_states_triton(k, w, u, g_cum, pools[1], cu, chunk_offsets, initial, final, C)
+    assert h_got.shape == (offsets[-1], HV, K, V)
+    torch.testing.assert_close(h_got, h_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(v_got, v_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pools[1], pools[0], rtol=1e-5, atol=1e-5)
