@@ -11,6 +11,7 @@ from typing import List, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from .errors import RequestError, validate_model
+from .tree import MAX_TREE_DEPTH, nesting_depth
 
 
 class TokenRequest(BaseModel):
@@ -72,7 +73,8 @@ def check_token_request(request: TokenRequest, vocab_size: int, context_length: 
 
     Raises:
         RequestError: an empty prompt, an id outside ``[0, vocab_size)``, a prompt of
-            ``context_length`` tokens or more, an empty, repeated or out-of-range
+            ``context_length`` tokens or more, prompts nesting deeper than
+            ``tree.MAX_TREE_DEPTH`` levels, an empty, repeated or out-of-range
             label list, or per-prompt labels whose count differs from the prompts'.
     """
     labels = request.label_token_ids
@@ -93,6 +95,11 @@ def check_token_request(request: TokenRequest, vocab_size: int, context_length: 
         bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
         if bad is not None:
             raise RequestError(field, f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+    depth = nesting_depth(request.prompts)
+    if depth > MAX_TREE_DEPTH:
+        raise RequestError(
+            "prompts", f"nest {depth} levels deep (each extending a fork of another); at most {MAX_TREE_DEPTH} are served"
+        )
     for i in range(len(request.prompts) if per_prompt else 1):
         field = f"label_token_ids[{i}]" if per_prompt else "label_token_ids"
         ids = request.labels_for(i)

@@ -18,6 +18,12 @@ from typing import Sequence
 
 import numpy as np
 
+# Levels a request's prompts may nest. The GPU ForkAttention walks each path
+# through a fixed table of MAX_TREE_DEPTH + 1 segments (one more for the
+# checkpoint a request may resume from); the limit is the same on every device
+# so a request is accepted or refused wherever it runs.
+MAX_TREE_DEPTH = 15
+
 
 @dataclass
 class Segment:
@@ -136,3 +142,13 @@ def build_prefix_tree(requests: Sequence[int], prompts: Sequence[Sequence[int]])
         parent = new_index[s.parent] if s.parent >= 0 else -1
         segments.append(Segment(s.request, parent, s.tokens, s.logical_start, s.depth))
     return PrefixTree(segments, [new_index[s] for s in readout])
+
+
+def nesting_depth(prompts: Sequence[Sequence[int]]) -> int:
+    """Levels of the prefix tree of one request's prompts (1: no prompt extends
+    past a fork of another).
+
+    Raises:
+        ValueError: a prompt is empty.
+    """
+    return build_prefix_tree([0] * len(prompts), prompts).num_levels

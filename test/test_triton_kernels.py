@@ -287,3 +287,93 @@ def test_chunk_states_matches_reference():
     torch.testing.assert_close(h_got, h_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(v_got, v_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(pools[1], pools[0], rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_argument_errors():
+    """Unsupported arguments raise ValueError naming the problem, in the Triton
+    wrappers and (where the reference shares the limit) in the references."""
+    from flide_ext.kernels.gated_delta_rule_triton import chunk_states_triton
+
+    gen = torch.Generator().manual_seed(13)
+    owners, prompts = _prompts(gen, requests=1)
+    plan = plan_round(owners, prompts)
+    args = _attention_args(plan, 2, 2, 16, 16, gen)
+    for window in (0, -1, 2.5):
+        for fn in (fork_attention_ref, fork_attention_triton):
+            with pytest.raises(ValueError, match="sliding_window"):
+                fn(*args, sliding_window=window)
+    T = 5
+    one = torch.tensor([0])
+    table = (one, torch.tensor([T]), torch.tensor([-1]), one)
+    for H, HV in ((2, 3), (4, 2)):
+        q, k = torch.randn(T, H, 16, generator=gen), torch.randn(T, H, 16, generator=gen)
+        v, g, beta = torch.randn(T, HV, 16, generator=gen), -torch.rand(T, HV, generator=gen), torch.rand(T, HV, generator=gen)
+        for fn in (recurrent_gated_delta_rule_ref, recurrent_gated_delta_rule_triton):
+            with pytest.raises(ValueError, match="not a multiple of key heads"):
+                fn(q, k, v, g, beta, 0.25, torch.zeros(1, HV, 16, 16), *table)
+    q, k, v = torch.randn(T, 2, 16), torch.randn(T, 2, 16), torch.randn(T, 2, 16)
+    g, beta = -torch.rand(T, 2), torch.rand(T, 2)
+    with pytest.raises(ValueError, match="state_pool must be contiguous"):
+        recurrent_gated_delta_rule_triton(q, k, v, g, beta, 0.25, torch.zeros(1, 2, 16, 32)[..., ::2], *table)
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        causal_conv1d_triton(torch.randn(T, 8), torch.randn(8, 4), None, torch.zeros(1, 8, 3), *table,
+                             out=torch.zeros(T, 16)[:, ::2])
+    cu, offsets = torch.tensor([0, T]), torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="chunk_size"):
+        chunk_states_triton(k, torch.randn(T, 2, 16), v, g, torch.zeros(1, 2, 16, 16), cu, offsets,
+                            torch.tensor([-1]), torch.tensor([0]), chunk_size=48)
+
+
+def test_empty_stream_passes_states_through():
+    """A zero-length segment with a final slot copies its initial state, also
+    when the stream has no rows at all."""
+    from flide_ext.kernels.gated_delta_rule import chunk_states_ref
+    from flide_ext.kernels.gated_delta_rule_triton import chunk_states_triton
+
+    q = torch.zeros(0, 2, 16)
+    v, g, beta = torch.zeros(0, 2, 16), torch.zeros(0, 2), torch.zeros(0, 2)
+    table = (torch.tensor([0]), torch.tensor([0]), torch.tensor([0]), torch.tensor([1]))
+    for fn in (recurrent_gated_delta_rule_ref, recurrent_gated_delta_rule_triton):
+        pool = torch.stack([torch.ones(2, 16, 16), torch.zeros(2, 16, 16)])
+        fn(q, q, v, g, beta, 0.25, pool, *table)
+        assert torch.equal(pool[1], pool[0]), fn.__name__
+    for fn in (chunk_states_ref, chunk_states_triton):
+        pool = torch.stack([torch.ones(2, 16, 16), torch.zeros(2, 16, 16)])
+        fn(q, torch.zeros(0, 2, 16), v, g, pool, torch.tensor([0, 0]), torch.tensor([0, 0]), torch.tensor([0]),
+           torch.tensor([1]), 16)
+        assert torch.equal(pool[1], pool[0]), fn.__name__
+
+
+def test_strided_position_tables():
+    """Position tables that are strided views give the same result as contiguous ones."""
+    gen = torch.Generator().manual_seed(14)
+    owners, prompts = _prompts(gen)
+    plan = plan_round(owners, prompts)
+    q, k, v, *tables, scale = _attention_args(plan, 4, 2, 16, 16, gen)
+    positions = torch.empty(2 * plan.num_tokens, dtype=torch.long)[::2]
+    positions.copy_(plan.positions)
+    tables[5], tables[6] = positions, positions
+    torch.testing.assert_close(fork_attention_triton(q, k, v, *tables, scale, 5),
+                               fork_attention_ref(q, k, v, *tables, scale, 5), rtol=1e-5, atol=1e-5)
+
+
+def test_deep_requests_refused_alone(tiny_dirs):
+    """A request whose prompts nest deeper than the served limit gets a
+    RequestError naming ``prompts``; the other request in the round is answered,
+    and a 9-level request runs through the Triton kernels as through the reference."""
+    from flide_ext import Engine, RequestError
+    from flide_ext.tree import MAX_TREE_DEPTH
+
+    engine = Engine(str(tiny_dirs["qwen3_5"]))
+    chain = [[5 + i for i in range(n + 1)] for n in range(MAX_TREE_DEPTH + 1)]  # each prompt extends the last
+    deep = {"prompts": chain, "label_token_ids": [1, 2]}
+    fine = {"prompts": [[7, 8, 9]], "label_token_ids": [3]}
+    out = engine.score_tokens_batch([deep, fine])
+    assert isinstance(out[0], RequestError) and out[0].field == "prompts"
+    assert not isinstance(out[1], RequestError)
+    assert out[1].label_logprobs == engine.score_tokens(fine).label_logprobs
+    nine = {"prompts": chain[:9], "label_token_ids": [1, 2]}
+    want = engine.score_tokens(nine).label_logprobs
+    with dispatch.force_triton():
+        got = engine.score_tokens(nine).label_logprobs
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-4)

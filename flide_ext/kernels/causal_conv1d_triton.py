@@ -89,7 +89,7 @@ def causal_conv1d_triton(
     A segment's initial and final slots must differ (a child reads its parent's slot).
 
     Raises:
-        ValueError: an unsupported activation.
+        ValueError: an unsupported activation; ``out`` or ``conv_pool`` not contiguous.
     """
     if activation not in ("silu", None):
         raise ValueError(f"activation {activation!r} is not supported")
@@ -99,12 +99,15 @@ def causal_conv1d_triton(
         x = x.contiguous()
     if out is None:
         out = torch.zeros_like(x)
+    for name, t in (("out", out), ("conv_pool", conv_pool)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (it is written in place)")
     S = seg_start.numel()
     if S == 0:
         return out
     BLOCK_C = 128
     _causal_conv1d_kernel[(S, triton.cdiv(C, BLOCK_C))](
-        x, weight.contiguous(), bias if bias is not None else weight, conv_pool, out,
+        x, weight.contiguous(), bias.contiguous() if bias is not None else weight, conv_pool, out,
         seg_start.int(), seg_len.int(), initial_slot.int(), final_slot.int(),
         C, x.stride(0), out.stride(0),
         WIDTH=W, BLOCK_W=triton.next_power_of_2(W), BLOCK_C=BLOCK_C, BLOCK_T=32,

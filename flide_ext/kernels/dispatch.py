@@ -1,8 +1,8 @@
 """Which implementation a kernel call runs: the Triton kernel on CUDA tensors, the
 PyTorch reference elsewhere; one switch forces the reference everywhere.
 
-The switch is the environment variable ``FLIDE_REFERENCE_KERNELS=1`` (read at
-each call) or the :func:`force_reference` context manager, e.g. to compare the
+The switch is the environment variable ``FLIDE_REFERENCE_KERNELS`` (read at
+each call; any value but empty or ``0`` forces the reference) or the :func:`force_reference` context manager, e.g. to compare the
 two paths on the same GPU inputs. For tests on a CPU machine,
 :func:`force_triton` sends CPU tensors to the Triton kernels, which then run
 under the Triton interpreter (``TRITON_INTERPRET=1`` set before they are imported).

@@ -74,12 +74,15 @@ def fork_attention_ref(
         ``[T, Hq, Dv]`` in ``q.dtype``. Rows not covered by any segment are zero.
 
     Raises:
-        ValueError: ``Hq`` is not a multiple of ``Hkv``.
+        ValueError: ``Hq`` is not a multiple of ``Hkv``; a sliding window below 1
+            or not a whole number.
     """
     T, Hq, D = q.shape
     Hkv = k.shape[1]
     if Hq % Hkv:
         raise ValueError(f"query heads {Hq} are not a multiple of key heads {Hkv}")
+    if sliding_window is not None and (int(sliding_window) != sliding_window or sliding_window < 1):
+        raise ValueError(f"sliding_window must be a positive whole number of tokens, not {sliding_window!r}")
     G = Hq // Hkv
     out = torch.zeros(T, Hq, v.shape[-1], dtype=q.dtype, device=q.device)
     parent, start, length = seg_parent.tolist(), seg_start.tolist(), seg_len.tolist()

@@ -27,11 +27,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ..tree import MAX_TREE_DEPTH
 from .round_cache import round_cache
 
-# Deepest root-to-leaf path a kernel call handles (checkpoint, state, question,
-# continuation leave room to spare); deeper trees are refused by the wrapper.
-MAX_DEPTH = 8
+# Deepest root-to-leaf path a kernel call handles: the deepest tree a request
+# may bring (tree.MAX_TREE_DEPTH, checked when requests are read) plus the
+# checkpoint segment it may resume from. Deeper tables are refused.
+MAX_DEPTH = MAX_TREE_DEPTH + 1
 
 
 @triton.jit
@@ -205,8 +207,11 @@ def fork_attention_triton(
     the tensor cores with float32 accumulation.
 
     Raises:
-        ValueError: ``Hq`` not a multiple of ``Hkv``, a head size over 256, or a
-            segment path deeper than ``MAX_DEPTH``.
+        ValueError: ``Hq`` not a multiple of ``Hkv``, a head size over 256, a
+            sliding window below 1 or not whole, or a segment path deeper than
+            ``MAX_DEPTH``. With a sliding window, positions must run contiguously
+            along each path (as :func:`flide_ext.plan.plan_round` lays them out):
+            key tiles before the window's reach are skipped.
     """
     T, Hq, D = q.shape
     Hkv, DV = k.shape[1], v.shape[2]
@@ -214,6 +219,8 @@ def fork_attention_triton(
         raise ValueError(f"query heads {Hq} are not a multiple of key heads {Hkv}")
     if max(D, DV) > 256:
         raise ValueError(f"head size {max(D, DV)} is over 256")
+    if sliding_window is not None and (int(sliding_window) != sliding_window or sliding_window < 1):
+        raise ValueError(f"sliding_window must be a positive whole number of tokens, not {sliding_window!r}")
     out = torch.zeros(T, Hq, DV, dtype=q.dtype, device=q.device)
     if T == 0 or seg_len.numel() == 0:
         return out
@@ -230,7 +237,7 @@ def fork_attention_triton(
         return out
     window = int(sliding_window) if sliding_window is not None else 0
     _fork_attention_kernel[(total, Hkv if pack else Hq)](
-        q, k, v, out, positions, kv_positions,
+        q, k, v, out, positions.contiguous(), kv_positions.contiguous(),
         block_seg, block_row,
         starts, lens, own,
         path_kv, path_offset, path_len,

@@ -28,10 +28,21 @@ import torch
 from .dispatch import use_triton
 
 
+def check_heads(key_heads: int, value_heads: int) -> None:
+    """Grouped value heads: each key head serves ``value_heads // key_heads`` value heads.
+
+    Raises:
+        ValueError: ``value_heads`` is not a positive multiple of ``key_heads``.
+    """
+    if key_heads < 1 or value_heads < key_heads or value_heads % key_heads:
+        raise ValueError(f"value heads {value_heads} are not a multiple of key heads {key_heads}")
+
+
 def _prepare(q, k, v, g, beta, scale, use_qk_l2norm):
     # float64 throughout, rounded once at the end: chunk boundaries (aligned to
     # each segment's start) then change no bits of the float32 result in practice.
     HV = v.shape[1]
+    check_heads(k.shape[1], HV)
     q, k, v, g, beta = (t.double() for t in (q, k, v, g, beta))
     if use_qk_l2norm:
         q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
@@ -78,6 +89,9 @@ def recurrent_gated_delta_rule_ref(
 
     Returns:
         ``out``: the segments' rows filled (other rows zero if ``out`` was None).
+
+    Raises:
+        ValueError: HV is not a multiple of H.
     """
     qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta, scale, use_qk_l2norm)
     if out is None:
@@ -197,8 +211,12 @@ def chunk_states_ref(
 
     Returns:
         ``h`` ``[NT, HV, K, V]`` in ``k.dtype`` and ``v_new`` ``[T, HV, V]`` in ``u.dtype``.
+
+    Raises:
+        ValueError: HV is not a multiple of H.
     """
     HV, Kd, V = w.shape[1], k.shape[2], u.shape[2]
+    check_heads(k.shape[1], HV)
     group = HV // k.shape[1]
     NT = int(chunk_offsets[-1])
     h = torch.zeros(NT, HV, Kd, V, dtype=k.dtype, device=k.device)

@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .gated_delta_rule import check_heads
 from .round_cache import round_cache
 
 # Longest segment (tokens) a level may hold and still run the recurrent kernel
@@ -191,14 +192,23 @@ def chunk_states_triton(
     result as :func:`flide_ext.kernels.gated_delta_rule.chunk_states_ref`, plus
     ``num_chunks`` (``chunk_offsets[-1]``, to skip a device sync when known).
     One program runs one sequence, one value head and ``BLOCK_V`` value columns;
-    inputs are contiguous ``[T, heads, dim]``."""
+    inputs are made contiguous ``[T, heads, dim]``.
+
+    Raises:
+        ValueError: HV not a multiple of H; ``chunk_size`` not a power of two of at
+            least 16; ``state_pool`` not contiguous.
+    """
     T, HV, DV = u.shape
     H, DK = k.shape[1], k.shape[2]
+    check_heads(H, HV)
+    if chunk_size < 16 or chunk_size & (chunk_size - 1):
+        raise ValueError(f"chunk_size must be a power of two of at least 16, not {chunk_size}")
+    _check_written(state_pool=state_pool)
     NT = int(chunk_offsets[-1]) if num_chunks is None else num_chunks
     h = torch.empty(NT, HV, DK, DV, dtype=k.dtype, device=k.device)
     v_new = torch.empty_like(u)
     N = initial_slot.numel()
-    if N == 0 or T == 0:
+    if N == 0:
         return h, v_new
     BLOCK_V, warps, stages = STATES_CONFIG
     BLOCK_V = min(BLOCK_V, triton.next_power_of_2(DV))
@@ -213,7 +223,14 @@ def chunk_states_triton(
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
     # Kernels index heads and features densely within a row.
-    return x if x[0].is_contiguous() else x.contiguous()
+    return x if x.numel() == 0 or x[0].is_contiguous() else x.contiguous()
+
+
+def _check_written(**tensors) -> None:
+    # Tensors written in place cannot be silently replaced by contiguous copies.
+    for name, t in tensors.items():
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (it is written in place)")
 
 
 def recurrent_gated_delta_rule_triton(
@@ -233,13 +250,19 @@ def recurrent_gated_delta_rule_triton(
 ) -> torch.Tensor:
     """Own Triton kernel, token by token, state in float32 registers; arguments and
     result as :func:`flide_ext.kernels.gated_delta_rule.recurrent_gated_delta_rule_ref`.
-    A segment's initial and final slots must differ."""
+    A segment's initial and final slots must differ.
+
+    Raises:
+        ValueError: HV not a multiple of H; ``out`` or ``state_pool`` not contiguous.
+    """
     T, HV, DV = v.shape
     H, DK = k.shape[1], k.shape[2]
+    check_heads(H, HV)
     if out is None:
         out = torch.zeros_like(v)
+    _check_written(out=out, state_pool=state_pool)
     S = seg_start.numel()
-    if S == 0 or T == 0:
+    if S == 0:
         return out
     q, k, v = _rows(q), _rows(k), _rows(v)
     BLOCK_V, warps = RECURRENT_CONFIG

@@ -4,7 +4,11 @@ Every layer of one forward passes the same plan tensors (segment table, a
 level's rows and slots) to its kernels, so tables derived from them (paths,
 query blocks, chunk indices, host-side sizes) are built once per round instead
 of once per layer; building them is where the host waits for the device.
-A tensor changed in place (its version counter moved) is a miss.
+A tensor changed in place through autograd-tracked ops (its version counter
+moved) is a miss. Inference tensors carry no version counter, and writes through
+``.data`` or NumPy views move none: callers must not change plan tensors in
+place; a new round builds new tensors (static buffers for CUDA graphs need their
+own metadata, not this cache).
 """
 
 from __future__ import annotations
