@@ -2,7 +2,7 @@
 
 No hybrid GDN checkpoint with real weights installs offline, and speed does not
 depend on weight values, so benchmarks use the real architectures and sizes with
-random weights. Shapes from the Qwen3.5 model cards (REFERENCES.md): 3 GDN layers
+random weights. Shapes from the Qwen3.5 model cards: 3 GDN layers
 then 1 gated-attention layer, GDN heads of dim 128, attention heads of dim 256
 with rotary on a quarter of each head, conv kernel 4, vocabulary 248,320.
 

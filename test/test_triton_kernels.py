@@ -5,8 +5,8 @@ The interpreter runs float32 tiles through NumPy (its bf16 ``tl.dot`` gives
 garbage in triton 3.8, so these tests stay in float32); the same kernels are checked in
 bf16 on the H200 by ``benchmark/kernels/check_kernels.py`` (results in
 ``benchmark/results/``). fla-core's chunked kernel, which the GPU path also uses,
-does not run under the interpreter (REFERENCES.md) and is kept out of CPU
-environments; it is covered by that GPU run.
+does not run under the interpreter (tried here: only fla's fused recurrent kernel
+does) and is kept out of CPU environments; it is covered by that GPU run.
 """
 
 import os
@@ -181,7 +181,8 @@ def test_recurrent_gated_delta_rule_matches_reference(H, HV, K, V):
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and fla_available()),
                     reason="fla-core's chunked kernel does not run under TRITON_INTERPRET and fla is kept out of "
-                    "CPU environments (REFERENCES.md); benchmark/kernels/check_kernels.py covers it on the H200")
+                    "CPU environments (importing it there breaks transformers' Qwen3.5); benchmark/kernels/check_kernels.py "
+                    "covers it on the H200")
 def test_fla_chunk_path_matches_reference():
     from flide_ext.kernels.gated_delta_rule_triton import chunk_gated_delta_rule_fla
 

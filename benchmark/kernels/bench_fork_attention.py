@@ -136,6 +136,9 @@ def main() -> int:
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
     parser.add_argument("--no-flex", action="store_true", help="skip flex_attention (its compile takes a while)")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print(f"{Path(__file__).name}: needs a CUDA GPU (torch sees none)", file=sys.stderr)
+        return 2
     ceilings = {"matmul_tflops_bf16": matmul_tflops(), "copy_gbps": copy_gbps()}
     print(f"ceilings: {ceilings}", flush=True)
     flex = None

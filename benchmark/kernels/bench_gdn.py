@@ -150,6 +150,9 @@ def main() -> int:
     parser.add_argument("--out", default="gdn.json")
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print(f"{Path(__file__).name}: needs a CUDA GPU (torch sees none)", file=sys.stderr)
+        return 2
     ceilings = {"matmul_tflops_bf16": matmul_tflops(), "copy_gbps": copy_gbps()}
     print(f"ceilings: {ceilings}", flush=True)
     rows, level_rows = [], []

@@ -1,4 +1,4 @@
-"""Correctness of Flide's GPU kernels on a CUDA device (issue 5's "Must show").
+"""Correctness of Flide's GPU kernels on a CUDA device.
 
 Each check prints one line and lands in a JSON file:
 
@@ -356,6 +356,10 @@ def main() -> int:
     args = parser.parse_args()
     global DEV
     DEV = args.device
+    if DEV == "cuda" and not torch.cuda.is_available():
+        print("check_kernels.py: needs a CUDA GPU (torch sees none); --device cpu runs the kernels interpreted "
+              "(set TRITON_INTERPRET=1)", file=sys.stderr)
+        return 2
     gen = torch.Generator(device=DEV).manual_seed(0)
     info = {"device": torch.cuda.get_device_name() if DEV == "cuda" else DEV, "torch": torch.__version__, "fla": fla_available()}
     try:

@@ -116,7 +116,9 @@ def main() -> int:
     parser.add_argument("folder", type=Path)
     args = parser.parse_args()
     fa, gdn, checks = (load(args.folder, n) for n in ("fork_attention.json", "gdn.json", "check_kernels.json"))
-    lines = [f"Device: {checks['info']['device']}, torch {checks['info']['torch']}, triton "
+    lines = ["Made by `python benchmark/kernels/report.py` from check_kernels.json, fork_attention.json and "
+             "gdn.json in this folder.", "",
+             f"Device: {checks['info']['device']}, torch {checks['info']['torch']}, triton "
              f"{checks['info'].get('triton')}; fla-core installed: {checks['info']['fla']}. "
              f"Ceilings measured in the attention run: bf16 matmul {fa['ceilings']['matmul_tflops_bf16']:.0f} TFLOP/s, "
              f"copy {fa['ceilings']['copy_gbps']:.0f} GB/s.", "", "## Correctness", "", *check_table(checks),

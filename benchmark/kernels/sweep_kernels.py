@@ -185,6 +185,9 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", choices=["recurrent", "attention", "states"],
                         help="run only these sweeps")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print(f"{Path(__file__).name}: needs a CUDA GPU (torch sees none)", file=sys.stderr)
+        return 2
     rows: list = []
     steps = {"recurrent": sweep_recurrent, "attention": sweep_attention, "states": sweep_states}
     for key, step in steps.items():

@@ -1,5 +1,7 @@
-"""Flat streams shaped like the decision workloads of REFERENCES.md ("Workload
-shapes"): seeded random token ids of the right lengths, one prefix tree per request."""
+"""Flat streams shaped like the decision workloads RACE (Lai et al., 2017), QuALITY
+(Pang et al., 2022) and MultiRC (Khashabi et al., 2018), with lengths from those
+datasets' papers and cards in Qwen tokens: seeded random token ids of the right
+lengths, one prefix tree per request."""
 
 from __future__ import annotations
 
