@@ -14,5 +14,7 @@ timeout 300 python3 benchmark/kernels/check_kernels.py --out "$OUT/check_kernels
 timeout 150 python3 benchmark/kernels/bench_gdn.py --out "$OUT/gdn.json" > "$OUT/bench_gdn.log" 2>&1
 timeout 110 python3 benchmark/kernels/bench_fork_attention.py --out "$OUT/fork_attention.json" \
     > "$OUT/bench_fork_attention.log" 2>&1
+timeout 60 python3 benchmark/kernels/sweep_kernels.py --only states_vs_fla --out "$OUT/states_vs_fla.json" \
+    > "$OUT/states_vs_fla.log" 2>&1
 grep -c PASS "$OUT/check_kernels.log"; grep -v "^PASS" "$OUT/check_kernels.log" | tail -5
-tail -6 "$OUT/bench_gdn.log"; tail -4 "$OUT/bench_fork_attention.log"
+tail -6 "$OUT/bench_gdn.log"; tail -4 "$OUT/bench_fork_attention.log"; grep "^states" "$OUT/states_vs_fla.log"

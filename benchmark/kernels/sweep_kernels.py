@@ -7,6 +7,7 @@ the data behind ``fork_attention_triton.TILE_OVERRIDE``'s defaults and
   streams; each setting's output is compared with the default setting's.
 * The recurrent GDN kernel's (BLOCK_V, warps) on a level of 32 questions x 90.
 * A profile of the gather + fla chunk path on a level of 32 questions x 25.
+* The own inter-chunk kernel against fla's on the same WY factors.
 * The inter-chunk kernel's (BLOCK_V, warps, stages) and ``RECURRENT_MAX_LEN``,
   timed as the whole forked GDN pass (GPU kernel time) beside fla's chunk kernel
   on the same tokens, with a per-kernel profile of both.
@@ -179,17 +180,67 @@ def sweep_states(rows):
             rows.append({"kernel": "gdn_profile", "workload": name, "path": label, "table": table})
 
 
+def states_vs_fla(rows):
+    """The own inter-chunk kernel against fla's ``chunk_gated_delta_rule_fwd_h`` on
+    the same WY factors (no forking: initial states zero), per workload and
+    states setting: the one kernel the forked chunked path swaps in."""
+    from bench_gdn import HV, K, V, device_ms, inputs
+    from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
+    from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra
+    from fla.ops.utils import chunk_local_cumsum
+    from fla.ops.utils.constant import RCP_LN2
+
+    default = gdt.STATES_CONFIG
+    for name in WORKLOADS:
+        owners, prompts = workload_prompts(name)
+        plan = plan_round(owners, prompts, "cuda")
+        T = plan.num_tokens
+        gen = torch.Generator(device="cuda").manual_seed(3)
+        q, k, v, g, beta = inputs(T, gen)
+        k = gdt._l2norm(k)
+        meta = gdt._level_meta(plan.seg_start, plan.seg_len, torch.full_like(plan.seg_start, -1),
+                               torch.arange(plan.num_segments, device="cuda"))
+        cu, ci = meta.cu_seqlens, meta.chunk_indices
+        g_cum = chunk_local_cumsum(g[None], chunk_size=64, scale=RCP_LN2, cu_seqlens=cu, chunk_indices=ci)
+        w, u, _ = chunk_gated_delta_rule_fwd_intra(k=k[None], v=v[None], g=g_cum, beta=beta[None], cu_seqlens=cu,
+                                                   chunk_size=64, chunk_indices=ci)
+        pool = torch.zeros(plan.num_segments, HV, K, V, device="cuda")
+
+        def fla_h():
+            return chunk_gated_delta_rule_fwd_h(k=k[None], w=w, u=u, g=g_cum, output_final_state=True, cu_seqlens=cu,
+                                                chunk_indices=ci)
+
+        _, v_ref, _ = fla_h()
+        d_fla = device_ms(fla_h)
+        for cfg in STATES_CONFIGS:
+            gdt.STATES_CONFIG = cfg
+
+            def own():
+                return gdt.chunk_states_triton(k, w[0], u[0], g_cum[0], pool, cu, meta.chunk_offsets, meta.initial,
+                                               meta.final, 64, meta.num_chunks)
+
+            _, v_new = own()
+            err = float((v_new.float() - v_ref[0].float()).norm() / v_ref.float().norm())
+            d = device_ms(own)
+            rows.append({"kernel": "states_vs_fla_h", "workload": name, "config": cfg, "device_ms": d,
+                         "fla_device_ms": d_fla, "v_new_rel_diff": err})
+            print(f"states {name:8s} {cfg}: own {d:.3f} ms, fla fwd_h {d_fla:.3f} ms ({100 * d_fla / d:.0f}%), "
+                  f"v_new diff {err:.1e}", flush=True)
+        gdt.STATES_CONFIG = default
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="sweep.json")
-    parser.add_argument("--only", nargs="*", choices=["recurrent", "attention", "states"],
+    parser.add_argument("--only", nargs="*", choices=["recurrent", "attention", "states", "states_vs_fla"],
                         help="run only these sweeps")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print(f"{Path(__file__).name}: needs a CUDA GPU (torch sees none)", file=sys.stderr)
         return 2
     rows: list = []
-    steps = {"recurrent": sweep_recurrent, "attention": sweep_attention, "states": sweep_states}
+    steps = {"recurrent": sweep_recurrent, "attention": sweep_attention, "states": sweep_states,
+             "states_vs_fla": states_vs_fla}
     for key, step in steps.items():
         if args.only and key not in args.only:
             continue
