@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .arguments import check_written
+
 
 @triton.jit
 def _causal_conv1d_kernel(
@@ -99,9 +101,7 @@ def causal_conv1d_triton(
         x = x.contiguous()
     if out is None:
         out = torch.zeros_like(x)
-    for name, t in (("out", out), ("conv_pool", conv_pool)):
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (it is written in place)")
+    check_written(out=out, conv_pool=conv_pool)
     S = seg_start.numel()
     if S == 0:
         return out

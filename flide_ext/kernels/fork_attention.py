@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from .arguments import check_groups, check_window
 from .dispatch import use_triton
 
 # Query rows per block in the reference, so a long state's score matrix
@@ -79,10 +80,8 @@ def fork_attention_ref(
     """
     T, Hq, D = q.shape
     Hkv = k.shape[1]
-    if Hq % Hkv:
-        raise ValueError(f"query heads {Hq} are not a multiple of key heads {Hkv}")
-    if sliding_window is not None and (int(sliding_window) != sliding_window or sliding_window < 1):
-        raise ValueError(f"sliding_window must be a positive whole number of tokens, not {sliding_window!r}")
+    check_groups(Hq, Hkv, "query heads", "key heads")
+    check_window(sliding_window)
     G = Hq // Hkv
     out = torch.zeros(T, Hq, v.shape[-1], dtype=q.dtype, device=q.device)
     parent, start, length = seg_parent.tolist(), seg_start.tolist(), seg_len.tolist()

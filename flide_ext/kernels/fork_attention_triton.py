@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from ..tree import MAX_TREE_DEPTH
+from .arguments import check_groups, check_window
 from .round_cache import round_cache
 
 # Deepest root-to-leaf path a kernel call handles: the deepest tree a request
@@ -215,12 +216,10 @@ def fork_attention_triton(
     """
     T, Hq, D = q.shape
     Hkv, DV = k.shape[1], v.shape[2]
-    if Hq % Hkv:
-        raise ValueError(f"query heads {Hq} are not a multiple of key heads {Hkv}")
+    check_groups(Hq, Hkv, "query heads", "key heads")
+    check_window(sliding_window)
     if max(D, DV) > 256:
         raise ValueError(f"head size {max(D, DV)} is over 256")
-    if sliding_window is not None and (int(sliding_window) != sliding_window or sliding_window < 1):
-        raise ValueError(f"sliding_window must be a positive whole number of tokens, not {sliding_window!r}")
     out = torch.zeros(T, Hq, DV, dtype=q.dtype, device=q.device)
     if T == 0 or seg_len.numel() == 0:
         return out

@@ -25,17 +25,17 @@ from typing import Optional
 
 import torch
 
+from .arguments import check_groups
 from .dispatch import use_triton
 
 
 def check_heads(key_heads: int, value_heads: int) -> None:
-    """Grouped value heads: each key head serves ``value_heads // key_heads`` value heads.
+    """Each key head serves ``value_heads // key_heads`` value heads.
 
     Raises:
         ValueError: ``value_heads`` is not a positive multiple of ``key_heads``.
     """
-    if key_heads < 1 or value_heads < key_heads or value_heads % key_heads:
-        raise ValueError(f"value heads {value_heads} are not a multiple of key heads {key_heads}")
+    check_groups(value_heads, key_heads, "value heads", "key heads")
 
 
 def _prepare(q, k, v, g, beta, scale, use_qk_l2norm):
@@ -164,12 +164,19 @@ def chunk_gated_delta_rule_ref(
 def chunk_gated_delta_rule(*args, **kwargs) -> torch.Tensor:
     """Dispatch; same signature as :func:`chunk_gated_delta_rule_ref`: the GPU path
     (:func:`.gated_delta_rule_triton.gated_delta_rule_forked`) on CUDA, the
-    reference elsewhere or when :mod:`.dispatch` forces it."""
+    reference elsewhere or when :mod:`.dispatch` forces it.
+
+    Raises:
+        ValueError: on the GPU path, a ``chunk_size`` other than 64 (fla's WY
+            kernels are built for 64-row chunks).
+    """
     v = args[2] if len(args) > 2 else kwargs["v"]
     if use_triton(v):
         from .gated_delta_rule_triton import gated_delta_rule_forked
 
-        kwargs.pop("chunk_size", None)
+        chunk_size = kwargs.pop("chunk_size", 64)
+        if chunk_size != 64:
+            raise ValueError(f"the GPU gated delta rule runs 64-row chunks, not chunk_size={chunk_size}")
         return gated_delta_rule_forked(*args, **kwargs)
     return chunk_gated_delta_rule_ref(*args, **kwargs)
 

@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .arguments import check_written
 from .gated_delta_rule import check_heads
 from .round_cache import round_cache
 
@@ -203,7 +204,7 @@ def chunk_states_triton(
     check_heads(H, HV)
     if chunk_size < 16 or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a power of two of at least 16, not {chunk_size}")
-    _check_written(state_pool=state_pool)
+    check_written(state_pool=state_pool)
     NT = int(chunk_offsets[-1]) if num_chunks is None else num_chunks
     h = torch.empty(NT, HV, DK, DV, dtype=k.dtype, device=k.device)
     v_new = torch.empty_like(u)
@@ -224,13 +225,6 @@ def chunk_states_triton(
 def _rows(x: torch.Tensor) -> torch.Tensor:
     # Kernels index heads and features densely within a row.
     return x if x.numel() == 0 or x[0].is_contiguous() else x.contiguous()
-
-
-def _check_written(**tensors) -> None:
-    # Tensors written in place cannot be silently replaced by contiguous copies.
-    for name, t in tensors.items():
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (it is written in place)")
 
 
 def recurrent_gated_delta_rule_triton(
@@ -260,7 +254,7 @@ def recurrent_gated_delta_rule_triton(
     check_heads(H, HV)
     if out is None:
         out = torch.zeros_like(v)
-    _check_written(out=out, state_pool=state_pool)
+    check_written(out=out, state_pool=state_pool)
     S = seg_start.numel()
     if S == 0:
         return out

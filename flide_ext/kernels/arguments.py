@@ -1,0 +1,36 @@
+"""Argument checks shared by each kernel's reference and its Triton kernel, so
+both refuse the same inputs with the same message."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+def check_groups(heads: int, shared_heads: int, heads_name: str, shared_name: str) -> None:
+    """Grouped heads: each of ``shared_heads`` serves ``heads // shared_heads`` heads
+    (GQA's key heads for query heads, GDN's key heads for value heads).
+
+    Raises:
+        ValueError: ``heads`` is not a positive multiple of ``shared_heads``.
+    """
+    if shared_heads < 1 or heads < shared_heads or heads % shared_heads:
+        raise ValueError(f"{heads_name} {heads} are not a multiple of {shared_name} {shared_heads}")
+
+
+def check_window(sliding_window: Optional[float]) -> None:
+    """Raises ValueError unless the sliding window is None or a whole number >= 1 (tokens)."""
+    if sliding_window is not None and (int(sliding_window) != sliding_window or sliding_window < 1):
+        raise ValueError(f"sliding_window must be a positive whole number of tokens, not {sliding_window!r}")
+
+
+def check_written(**tensors: torch.Tensor) -> None:
+    """Tensors a kernel writes in place cannot be replaced by contiguous copies.
+
+    Raises:
+        ValueError: naming the first argument that is not contiguous.
+    """
+    for name, t in tensors.items():
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (it is written in place)")
