@@ -28,14 +28,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton.testing
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ceilings import copy_gbps, matmul_tflops  # noqa: E402
-from workloads import WORKLOADS, workload_prompts  # noqa: E402
+from timing import median_ms  # noqa: E402
+from workloads import WORKLOADS, attention_inputs, workload_prompts  # noqa: E402
 
 from flide_ext.kernels.fork_attention_triton import fork_attention_triton, path_tables  # noqa: E402
 from flide_ext.plan import plan_round  # noqa: E402
@@ -66,18 +66,11 @@ def dense_mask(plan) -> torch.Tensor:
     return anc[seg[:, None], seg[None, :]] & (pos[None, :] <= pos[:, None])
 
 
-def bench(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-
-
 def run_workload(name: str, rows: list, flex) -> None:
     owners, prompts = workload_prompts(name)
     plan = plan_round(owners, prompts, "cuda")
     T = plan.num_tokens
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(T, HQ, D, device="cuda", generator=gen, dtype=torch.bfloat16)
-    k = torch.randn(T, HKV, D, device="cuda", generator=gen, dtype=torch.bfloat16)
-    v = torch.randn(T, HKV, D, device="cuda", generator=gen, dtype=torch.bfloat16)
+    q, k, v = attention_inputs(T, HQ, HKV, D, torch.Generator(device="cuda").manual_seed(0))
     pairs = visible_pairs(plan)
     flops = 4 * D * pairs * HQ
     nbytes = 2 * (2 * T * HQ * D + 2 * T * HKV * D)
@@ -94,13 +87,13 @@ def run_workload(name: str, rows: list, flex) -> None:
                    f"{row['tflops'] or 0:7.1f} TFLOP/s {note}")
 
     fork = fork_attention_triton(q, k, v, *args)
-    add("ForkAttention (Triton)", bench(lambda: fork_attention_triton(q, k, v, *args)))
+    add("ForkAttention (Triton)", median_ms(lambda: fork_attention_triton(q, k, v, *args)))
     qh, kh, vh = (x.transpose(0, 1)[None] for x in (q, k, v))
     try:
         mask = dense_mask(plan)
         sdpa = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=D**-0.5, enable_gqa=True)
         err = float((sdpa[0].transpose(0, 1).float() - fork.float()).norm() / sdpa.float().norm())
-        add("SDPA, dense mask", bench(lambda: F.scaled_dot_product_attention(
+        add("SDPA, dense mask", median_ms(lambda: F.scaled_dot_product_attention(
             qh, kh, vh, attn_mask=mask, scale=D**-0.5, enable_gqa=True)), f"rel diff vs fork {err:.1e}")
         del mask
     except Exception as e:  # an out-of-memory dense mask is a result too
@@ -117,7 +110,7 @@ def run_workload(name: str, rows: list, flex) -> None:
             block_mask = create_block_mask(mask_mod, None, None, T, T, device="cuda")
             out = flex(qh, kh, vh, block_mask=block_mask, scale=D**-0.5, enable_gqa=True)
             err = float((out[0].transpose(0, 1).float() - fork.float()).norm() / out.float().norm())
-            add("flex_attention, block mask", bench(lambda: flex(qh, kh, vh, block_mask=block_mask, scale=D**-0.5,
+            add("flex_attention, block mask", median_ms(lambda: flex(qh, kh, vh, block_mask=block_mask, scale=D**-0.5,
                                                                  enable_gqa=True)), f"rel diff vs fork {err:.1e}")
         except Exception as e:
             traceback.print_exc()

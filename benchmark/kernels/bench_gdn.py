@@ -26,14 +26,14 @@ import traceback
 from pathlib import Path
 
 import torch
-import triton.testing
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ceilings import copy_gbps, matmul_tflops  # noqa: E402
-from workloads import WORKLOADS, workload_prompts  # noqa: E402
+from timing import device_ms, median_ms  # noqa: E402
+from workloads import WORKLOADS, gdn_inputs, workload_prompts  # noqa: E402
 
 from flide_ext.kernels.causal_conv1d_triton import causal_conv1d_triton  # noqa: E402
 from flide_ext.kernels.gated_delta_rule_triton import (  # noqa: E402
@@ -47,42 +47,25 @@ from flide_ext.plan import plan_round  # noqa: E402
 H, HV, K, V = 16, 32, 128, 128
 
 
-def bench(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-
-
-def device_ms(fn, iters: int = 10) -> float:
-    """Summed time of the GPU kernels one call launches (no host gaps), ms."""
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    return sum(e.self_device_time_total for e in prof.key_averages()) / iters / 1e3
-
-
 def inputs(T, gen):
-    q = torch.randn(T, H, K, device="cuda", generator=gen, dtype=torch.bfloat16)
-    k = torch.randn(T, H, K, device="cuda", generator=gen, dtype=torch.bfloat16)
-    v = torch.randn(T, HV, V, device="cuda", generator=gen, dtype=torch.bfloat16)
-    g = -torch.rand(T, HV, device="cuda", generator=gen) * 0.5
-    beta = torch.rand(T, HV, device="cuda", generator=gen).to(torch.bfloat16)
-    return q, k, v, g, beta
+    return gdn_inputs(T, H, HV, K, V, gen)
 
 
-def run_workload(name, rows):
+def gdn_passes(name: str):
+    """``(plan, out, forked, fla_same_tokens)`` for a workload: ``forked()`` runs the
+    tree's levels through :func:`gated_delta_rule_forked` into ``out``;
+    ``fla_same_tokens()`` runs fla's chunk kernel over the same segments as
+    independent sequences (no initial states)."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
     owners, prompts = workload_prompts(name)
     plan = plan_round(owners, prompts, "cuda")
     plan.assign_slots(list(range(plan.num_segments)))
-    T, S = plan.num_tokens, plan.num_segments
     gen = torch.Generator(device="cuda").manual_seed(1)
-    q, k, v, g, beta = inputs(T, gen)
-    pool = torch.zeros(S, HV, K, V, device="cuda")
+    q, k, v, g, beta = inputs(plan.num_tokens, gen)
+    pool = torch.zeros(plan.num_segments, HV, K, V, device="cuda")
     out = torch.empty_like(v)
-    levels = [(plan.seg_start[l], plan.seg_len[l], plan.seg_initial_slot[l], plan.seg_slot[l]) for l in plan.levels]
+    levels = plan.level_tables()
 
     def forked():
         for level in levels:
@@ -94,10 +77,19 @@ def run_workload(name, rows):
         chunk_gated_delta_rule(q[None], k[None], v[None], g[None], beta[None], scale=K**-0.5,
                                output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
 
+    return plan, out, forked, fla_same_tokens
+
+
+def run_workload(name, rows):
+    plan, _, forked, fla_same_tokens = gdn_passes(name)
+    T, S = plan.num_tokens, plan.num_segments
+    levels = plan.level_tables()
+    gen = torch.Generator(device="cuda").manual_seed(4)
+
     # Bytes every version must move: inputs and outputs once, each segment's final state written.
     nbytes = 2 * T * (2 * H * K + 2 * HV * V + HV) + 4 * T * HV + 4 * S * HV * K * V
     base = {"workload": name, "tokens": T, "segments": S, "min_bytes": nbytes}
-    t_fork, t_fla = bench(forked), bench(fla_same_tokens)
+    t_fork, t_fla = median_ms(forked), median_ms(fla_same_tokens)
     d_fork, d_fla = device_ms(forked), device_ms(fla_same_tokens)
     for method, ms, dms in (("Flide forked (levels)", t_fork, d_fork), ("fla chunk, same tokens, no forks", t_fla, d_fla)):
         rows.append({**base, "method": method, "ms": ms, "device_ms": dms, "gbps": nbytes / (ms * 1e-3) / 1e9})
@@ -115,7 +107,7 @@ def run_workload(name, rows):
         for start, n, first, last in levels:
             causal_conv1d_triton(x, w, None, cpool, start, n, first, last, "silu", out=cout)
 
-    ms = bench(conv)
+    ms = median_ms(conv)
     conv_bytes = 2 * 2 * T * C
     rows.append({**base, "method": "causal conv1d (Triton, levels)", "ms": ms, "gbps": conv_bytes / (ms * 1e-3) / 1e9})
     tqdm.write(f"{name:8s} conv1d {ms:.3f} ms, {conv_bytes / (ms * 1e-3) / 1e9:.0f} GB/s")
@@ -137,7 +129,7 @@ def run_question_level(rows, questions=32):
         row = {"question_tokens": n, "questions": questions}
         for key, fn in (("recurrent", recurrent_gated_delta_rule_triton), ("chunk_forked", chunk_gated_delta_rule_forked),
                         ("gather_fla", chunk_gated_delta_rule_fla)):
-            row[f"{key}_ms"] = bench(lambda: fn(*args, out=out))
+            row[f"{key}_ms"] = median_ms(lambda: fn(*args, out=out))
             row[f"{key}_device_ms"] = device_ms(lambda: fn(*args, out=out))
         rows.append(row)
         tqdm.write(f"question level {questions} x {n:3d}: " + ", ".join(

@@ -49,7 +49,7 @@ from flide_ext.kernels.gated_delta_rule_triton import (  # noqa: E402
     recurrent_gated_delta_rule_triton,
 )
 from flide_ext.plan import Resume, plan_round  # noqa: E402
-from workloads import workload_prompts  # noqa: E402
+from workloads import attention_inputs, gdn_inputs, workload_prompts  # noqa: E402
 
 DEV = "cuda"
 BF16_TOL = 2e-2  # relative error of one bf16 kernel against its float32 reference
@@ -70,14 +70,6 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).norm() / want.norm().clamp(min=1e-30))
 
 
-def attention_inputs(plan, Hq, Hkv, D, dtype, gen, prefix=0):
-    T = plan.num_tokens
-    q = torch.randn(T, Hq, D, generator=gen, device=DEV).to(dtype)
-    k = torch.randn(prefix + T, Hkv, D, generator=gen, device=DEV).to(dtype)
-    v = torch.randn(prefix + T, Hkv, D, generator=gen, device=DEV).to(dtype)
-    return q, k, v
-
-
 def plan_args(plan):
     return (plan.seg_parent, plan.seg_start, plan.seg_len, plan.seg_kv_start, plan.seg_kv_len,
             plan.positions, plan.kv_positions)
@@ -88,7 +80,7 @@ def check_attention_vs_reference(gen):
     plan = plan_round(owners, prompts, DEV)
     for Hq, Hkv, D, window in [(16, 4, 256, None), (8, 2, 128, None), (8, 8, 64, None), (16, 4, 256, 128)]:
         for dtype in (torch.bfloat16, torch.float32):
-            q, k, v = attention_inputs(plan, Hq, Hkv, D, dtype, gen)
+            q, k, v = attention_inputs(plan.num_tokens, Hq, Hkv, D, gen, dtype)
             args = (*plan_args(plan), D**-0.5, window)
             got = fork_attention_triton(q, k, v, *args)
             want = fork_attention_ref(q.float(), k.float(), v.float(), *args)
@@ -145,28 +137,16 @@ def check_alone_equals_forked(gen):
     record("resumed (checkpoint 200 tokens) == cold bitwise, bf16 race D=256", same, True, same)
 
 
-def gdn_inputs(T, H, HV, K, V, gen, dtype=torch.bfloat16):
-    q = torch.randn(T, H, K, generator=gen, device=DEV).to(dtype)
-    k = torch.randn(T, H, K, generator=gen, device=DEV).to(dtype)
-    v = torch.randn(T, HV, V, generator=gen, device=DEV).to(dtype)
-    g = -torch.rand(T, HV, generator=gen, device=DEV) * 0.5
-    beta = torch.rand(T, HV, generator=gen, device=DEV).to(dtype)
-    return q, k, v, g, beta
-
-
-def run_levels(fn, plan, tensors, pool, out):
-    slots = plan.seg_slot
-    for level in plan.levels:
-        fn(*tensors, plan.seg_start[level], plan.seg_len[level], plan.seg_initial_slot[level], slots[level], out=out)
+def run_levels(fn, plan, tensors, out):
+    for level in plan.level_tables():
+        fn(*tensors, *level, out=out)
     return out
 
 
 def gdn_reference_levels(plan, q, k, v, g, beta, scale, pool):
     out = torch.zeros(v.shape, dtype=torch.float32, device=DEV)
-    for level in plan.levels:
-        chunk_gated_delta_rule_ref(q.float(), k.float(), v.float(), g, beta.float(), scale, pool, plan.seg_start[level],
-                                   plan.seg_len[level], plan.seg_initial_slot[level], plan.seg_slot[level], out=out)
-    return out
+    return run_levels(chunk_gated_delta_rule_ref, plan, (q.float(), k.float(), v.float(), g, beta.float(), scale, pool),
+                      out)
 
 
 def check_gdn(gen, workload, requests, label, H=16, HV=32, K=128, V=128, C=None):
@@ -186,7 +166,7 @@ def check_gdn(gen, workload, requests, label, H=16, HV=32, K=128, V=128, C=None)
     for name, fn in paths:
         pool = torch.full((S, HV, K, V), float("nan"), device=DEV)
         out = torch.full(v.shape, float("nan"), dtype=v.dtype, device=DEV)
-        run_levels(fn, plan, (q, k, v, g, beta, scale, pool), pool, out)
+        run_levels(fn, plan, (q, k, v, g, beta, scale, pool), out)
         err = rel_err(out, want)
         kept = plan.seg_slot[plan.seg_len > 0]
         state_err = rel_err(pool[kept], want_pool[kept])
@@ -199,14 +179,12 @@ def check_gdn(gen, workload, requests, label, H=16, HV=32, K=128, V=128, C=None)
     w = (torch.randn(C, 4, generator=gen, device=DEV) * 0.5).to(torch.bfloat16)
     ref_pool = torch.zeros(S, C, 3, device=DEV)
     ref = torch.zeros(T, C, device=DEV)
-    for level in plan.levels:
-        causal_conv1d_ref(x.float(), w.float(), None, ref_pool, plan.seg_start[level], plan.seg_len[level],
-                          plan.seg_initial_slot[level], plan.seg_slot[level], "silu", out=ref)
+    for level in plan.level_tables():
+        causal_conv1d_ref(x.float(), w.float(), None, ref_pool, *level, "silu", out=ref)
     pool = torch.full((S, C, 3), float("nan"), device=DEV, dtype=torch.bfloat16)
     out = torch.full((T, C), float("nan"), device=DEV, dtype=torch.bfloat16)
-    for level in plan.levels:
-        causal_conv1d_triton(x, w, None, pool, plan.seg_start[level], plan.seg_len[level],
-                             plan.seg_initial_slot[level], plan.seg_slot[level], "silu", out=out)
+    for level in plan.level_tables():
+        causal_conv1d_triton(x, w, None, pool, *level, "silu", out=out)
     err = rel_err(out, ref)
     kept = plan.seg_slot
     win_err = rel_err(pool[kept].float(), ref_pool[kept])
@@ -231,7 +209,7 @@ def check_many_segments(gen):
     plan = plan_round(owners, prompts, DEV)
     plan.assign_slots(list(range(plan.num_segments)))
     S, T = plan.num_segments, plan.num_tokens
-    q, k, v = attention_inputs(plan, 16, 4, 256, torch.bfloat16, gen)
+    q, k, v = attention_inputs(plan.num_tokens, 16, 4, 256, gen)
     got = fork_attention_triton(q, k, v, *plan_args(plan), 256**-0.5)
     want = fork_attention_ref(q.float(), k.float(), v.float(), *plan_args(plan), 256**-0.5)
     err = rel_err(got, want)
@@ -242,7 +220,7 @@ def check_many_segments(gen):
     want = gdn_reference_levels(plan, q, k, v, g, beta, 128**-0.5, want_pool)
     pool = torch.full((S, 32, 128, 128), float("nan"), device=DEV)
     out = torch.full(v.shape, float("nan"), dtype=v.dtype, device=DEV)
-    run_levels(gated_delta_rule_forked, plan, (q, k, v, g, beta, 128**-0.5, pool), pool, out)
+    run_levels(gated_delta_rule_forked, plan, (q, k, v, g, beta, 128**-0.5, pool), out)
     err = rel_err(out, want)
     record(f"gated delta rule bf16, {S} segments, 32 value heads", err, BF16_TOL, err <= BF16_TOL, segments=S)
 

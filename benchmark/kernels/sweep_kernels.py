@@ -26,12 +26,12 @@ import traceback
 from pathlib import Path
 
 import torch
-import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from workloads import WORKLOADS, workload_prompts  # noqa: E402
+from timing import device_ms, median_ms  # noqa: E402
+from workloads import WORKLOADS, attention_inputs, gdn_inputs, workload_prompts  # noqa: E402
 
 import flide_ext.kernels.fork_attention_triton as fat  # noqa: E402
 import flide_ext.kernels.gated_delta_rule_triton as gdt  # noqa: E402
@@ -49,7 +49,7 @@ STATES_CONFIGS = [(32, 4, 3), (16, 2, 2), (16, 4, 3), (32, 2, 2), (32, 4, 2), (3
 
 
 def bench(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median")
+    return median_ms(fn, rep=150)
 
 
 def sweep_attention(rows):
@@ -58,10 +58,7 @@ def sweep_attention(rows):
             owners, prompts = workload_prompts(name)
             plan = plan_round(owners, prompts, "cuda")
             T = plan.num_tokens
-            gen = torch.Generator(device="cuda").manual_seed(0)
-            q = torch.randn(T, Hq, D, device="cuda", generator=gen, dtype=torch.bfloat16)
-            k = torch.randn(T, Hkv, D, device="cuda", generator=gen, dtype=torch.bfloat16)
-            v = torch.randn(T, Hkv, D, device="cuda", generator=gen, dtype=torch.bfloat16)
+            q, k, v = attention_inputs(T, Hq, Hkv, D, torch.Generator(device="cuda").manual_seed(0))
             args = (q, k, v, plan.seg_parent, plan.seg_start, plan.seg_len, plan.seg_kv_start, plan.seg_kv_len,
                     plan.positions, plan.kv_positions, D**-0.5)
             fat.TILE_OVERRIDE = None
@@ -85,11 +82,7 @@ def sweep_recurrent(rows, questions=32, n=90):
     H, HV, K, V = 16, 32, 128, 128
     gen = torch.Generator(device="cuda").manual_seed(2)
     T = questions * n
-    q = torch.randn(T, H, K, device="cuda", generator=gen, dtype=torch.bfloat16)
-    k = torch.randn(T, H, K, device="cuda", generator=gen, dtype=torch.bfloat16)
-    v = torch.randn(T, HV, V, device="cuda", generator=gen, dtype=torch.bfloat16)
-    g = -torch.rand(T, HV, device="cuda", generator=gen) * 0.5
-    beta = torch.rand(T, HV, device="cuda", generator=gen).to(torch.bfloat16)
+    q, k, v, g, beta = gdn_inputs(T, H, HV, K, V, gen)
     pool = torch.randn(4 + questions, HV, K, V, device="cuda", generator=gen)
     start = torch.arange(questions, device="cuda") * n
     length = torch.full((questions,), n, device="cuda")
@@ -124,31 +117,11 @@ def sweep_recurrent(rows, questions=32, n=90):
 
 
 def sweep_states(rows):
-    from bench_gdn import HV, K, V, device_ms, inputs
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from bench_gdn import gdn_passes
 
     default_states, default_max = gdt.STATES_CONFIG, gdt.RECURRENT_MAX_LEN
     for name in ("race", "quality", "multirc"):
-        owners, prompts = workload_prompts(name)
-        plan = plan_round(owners, prompts, "cuda")
-        plan.assign_slots(list(range(plan.num_segments)))
-        T = plan.num_tokens
-        gen = torch.Generator(device="cuda").manual_seed(1)
-        q, k, v, g, beta = inputs(T, gen)
-        pool = torch.zeros(plan.num_segments, HV, K, V, device="cuda")
-        out = torch.empty_like(v)
-        levels = plan.level_tables()
-
-        def forked():
-            for level in levels:
-                gdt.gated_delta_rule_forked(q, k, v, g, beta, K**-0.5, pool, *level, out=out)
-
-        cu = torch.cat([plan.seg_start, plan.seg_start[-1:] + plan.seg_len[-1:]])
-
-        def fla_same_tokens():
-            chunk_gated_delta_rule(q[None], k[None], v[None], g[None], beta[None], scale=K**-0.5,
-                                   output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
-
+        _, out, forked, fla_same_tokens = gdn_passes(name)
         d_fla = device_ms(fla_same_tokens)
         forked()
         base = out.float().clone()
@@ -184,7 +157,7 @@ def states_vs_fla(rows):
     """The own inter-chunk kernel against fla's ``chunk_gated_delta_rule_fwd_h`` on
     the same WY factors (no forking: initial states zero), per workload and
     states setting: the one kernel the forked chunked path swaps in."""
-    from bench_gdn import HV, K, V, device_ms, inputs
+    from bench_gdn import HV, K, V, inputs
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
     from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra
     from fla.ops.utils import chunk_local_cumsum

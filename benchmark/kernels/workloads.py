@@ -1,7 +1,7 @@
 """Flat streams shaped like the decision workloads RACE (Lai et al., 2017), QuALITY
 (Pang et al., 2022) and MultiRC (Khashabi et al., 2018), with lengths from those
 datasets' papers and cards in Qwen tokens: seeded random token ids of the right
-lengths, one prefix tree per request."""
+lengths, one prefix tree per request; and seeded random kernel inputs for them."""
 
 from __future__ import annotations
 
@@ -37,3 +37,23 @@ def workload_prompts(name: str, requests: int | None = None, seed: int = 0, voca
 def per_question_tokens(prompts) -> int:
     """Tokens a per-question server would run: every full prompt."""
     return sum(len(p) for p in prompts)
+
+
+def attention_inputs(T: int, Hq: int, Hkv: int, D: int, gen: torch.Generator, dtype=torch.bfloat16, prefix: int = 0):
+    """Random ``q`` ``[T, Hq, D]`` and ``k``, ``v`` ``[prefix + T, Hkv, D]`` on ``gen``'s device."""
+    q = torch.randn(T, Hq, D, generator=gen, device=gen.device).to(dtype)
+    k = torch.randn(prefix + T, Hkv, D, generator=gen, device=gen.device).to(dtype)
+    v = torch.randn(prefix + T, Hkv, D, generator=gen, device=gen.device).to(dtype)
+    return q, k, v
+
+
+def gdn_inputs(T: int, H: int, HV: int, K: int, V: int, gen: torch.Generator, dtype=torch.bfloat16):
+    """Random gated-delta-rule inputs on ``gen``'s device: ``q``, ``k`` ``[T, H, K]``,
+    ``v`` ``[T, HV, V]``, log decay ``g`` ``[T, HV]`` float32 in (-0.5, 0], ``beta``
+    ``[T, HV]`` in (0, 1)."""
+    q = torch.randn(T, H, K, generator=gen, device=gen.device).to(dtype)
+    k = torch.randn(T, H, K, generator=gen, device=gen.device).to(dtype)
+    v = torch.randn(T, HV, V, generator=gen, device=gen.device).to(dtype)
+    g = -torch.rand(T, HV, generator=gen, device=gen.device) * 0.5
+    beta = torch.rand(T, HV, generator=gen, device=gen.device).to(dtype)
+    return q, k, v, g, beta
