@@ -28,6 +28,7 @@ work. Hence ``RECURRENT_MAX_LEN``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -271,9 +272,11 @@ def recurrent_gated_delta_rule_triton(
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def fla_available() -> bool:
     """True when fla-core's chunked gated delta rule imports (GPU machines only:
-    on a CPU-only machine importing fla makes transformers pick it and fail)."""
+    on a CPU-only machine importing fla makes transformers pick it and fail).
+    Asked once per process: every GDN layer's dispatch consults it."""
     try:
         import fla.ops.gated_delta_rule  # noqa: F401
     except Exception:
@@ -301,6 +304,7 @@ class LevelMeta:
 def _level_meta(seg_start, seg_len, initial_slot, final_slot, chunk_size: int = 64) -> LevelMeta:
     lens = seg_len.tolist()
     starts = seg_start.tolist()
+    initial = initial_slot.tolist()
     keep = [i for i, n in enumerate(lens) if n > 0]
     empty = [i for i, n in enumerate(lens) if n == 0]
     device = seg_start.device
@@ -327,7 +331,7 @@ def _level_meta(seg_start, seg_len, initial_slot, final_slot, chunk_size: int = 
     pairs = [(n, c) for n, i in enumerate(keep) for c in range(-(-lens[i] // chunk_size))]
     return LevelMeta(
         lo=lo, hi=pos, max_len=max(lens[i] for i in keep),
-        forked=bool((initial_slot[idx] >= 0).any()),
+        forked=any(initial[i] >= 0 for i in keep),
         cu_seqlens=torch.tensor(bounds, dtype=torch.long, device=device),
         chunk_indices=torch.tensor(pairs, dtype=torch.long, device=device),
         chunk_offsets=torch.tensor(chunks, dtype=torch.long, device=device),
