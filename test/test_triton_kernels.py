@@ -378,3 +378,95 @@ def test_deep_requests_refused_alone(tiny_dirs):
     with dispatch.force_triton():
         got = engine.score_tokens(nine).label_logprobs
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-4)
+
+
+def _tree_levels():
+    # Roots: a 130-row state from zeros and a 70-row state resumed from slot 5;
+    # then questions (a 1-row one, an empty one, one with no kept state); then a
+    # third level, one of whose parents is the empty segment.
+    t = torch.tensor
+    return [
+        (t([0, 130]), t([130, 70]), t([-1, 5]), t([0, 1])),
+        (t([200, 265, 266, 266]), t([65, 1, 0, 34]), t([0, 0, 1, 1]), t([2, 3, 4, -1])),
+        (t([300, 340]), t([40, 8]), t([2, 4]), t([6, 7])),
+    ]
+
+
+TREE_ROWS = 348
+
+
+def _gdn_inputs(T, H, HV, K, V, gen):
+    q, k = torch.randn(T, H, K, generator=gen), torch.randn(T, H, K, generator=gen)
+    v = torch.randn(T, HV, V, generator=gen)
+    g, beta = -torch.rand(T, HV, generator=gen) * 0.2, torch.rand(T, HV, generator=gen)
+    return q, k, v, g, beta
+
+
+@pytest.mark.parametrize("H,HV,K,V,recurrent_max_len", [(2, 4, 32, 48, 0), (1, 2, 16, 16, 0), (2, 4, 32, 48, 48)])
+def test_gdn_tree_matches_reference(monkeypatch, H, HV, K, V, recurrent_max_len):
+    """The whole-tree GPU path (state-free steps once over all segments, the own
+    inter-chunk kernel level by level; with a recurrent_max_len of 48 the last
+    level of short questions runs the recurrent kernel) against the
+    level-by-level reference, with the state-free steps' references standing in
+    for fla-core's kernels."""
+    import flide_ext.kernels.gated_delta_rule_triton as gdt
+    from flide_ext.kernels.gated_delta_rule import gated_delta_rule_tree_ref
+
+    monkeypatch.setattr(gdt, "chunk_steps", gdt.reference_steps)
+    monkeypatch.setattr(gdt, "RECURRENT_MAX_LEN", recurrent_max_len)
+    chunk_pass, real_pass = [], gdt._chunk_pass
+    monkeypatch.setattr(gdt, "_chunk_pass", lambda meta, *a: chunk_pass.append(len(meta.levels)) or real_pass(meta, *a))
+    gen = torch.Generator().manual_seed(14)
+    T = TREE_ROWS
+    q, k, v, g, beta = _gdn_inputs(T, H, HV, K, V, gen)
+    pool = torch.zeros(8, HV, K, V)
+    pool[5] = torch.randn(HV, K, V, generator=gen) * 0.1
+    pools = [pool.clone(), pool.clone()]
+    want = gated_delta_rule_tree_ref(q, k, v, g, beta, K**-0.5, pools[0], _tree_levels())
+    got = gdt.gated_delta_rule_tree_triton(q, k, v, g, beta, K**-0.5, pools[1], _tree_levels())
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(pools[1], pools[0], rtol=1e-4, atol=1e-4)
+    # The empty segment's slot holds its parent's state; the third level read it.
+    assert torch.equal(pools[1][4], pools[1][1])
+    assert chunk_pass == [3 if recurrent_max_len == 0 else 2]  # levels in the one-batch chunk pass
+
+
+def test_gdn_tree_with_rows_between_segments(monkeypatch):
+    """Rows that belong to no segment send the tree level by level (no one varlen
+    batch covers them); the result still equals the reference and those rows of
+    ``out`` are left as they were."""
+    import flide_ext.kernels.gated_delta_rule_triton as gdt
+    from flide_ext.kernels.gated_delta_rule import gated_delta_rule_tree_ref
+
+    monkeypatch.setattr(gdt, "chunk_steps", gdt.reference_steps)
+    t = torch.tensor
+    levels = [(t([0]), t([40]), t([-1]), t([0])), (t([50, 60]), t([10, 5]), t([0, 0]), t([1, 2]))]
+    assert gdt.tree_meta(levels) is None
+    gen = torch.Generator().manual_seed(15)
+    q, k, v, g, beta = _gdn_inputs(70, 2, 2, 16, 16, gen)
+    outs = [torch.full((70, 2, 16), 7.0) for _ in range(2)]
+    pools = [torch.zeros(3, 2, 16, 16) for _ in range(2)]
+    gated_delta_rule_tree_ref(q, k, v, g, beta, 0.25, pools[0], levels, out=outs[0])
+    gdt.gated_delta_rule_tree_triton(q, k, v, g, beta, 0.25, pools[1], levels, out=outs[1])
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(pools[1], pools[0], rtol=1e-4, atol=1e-4)
+    assert torch.equal(outs[1][40:50], torch.full((10, 2, 16), 7.0))
+
+
+def test_causal_conv1d_long_segments_match_reference():
+    """Segments spanning several row blocks (a program per 32 rows), a 1-row and
+    an empty segment, a resumed root and three levels."""
+    gen = torch.Generator().manual_seed(16)
+    T, C, W = TREE_ROWS, 150, 4
+    x = torch.randn(T, C, generator=gen)
+    weight = torch.randn(C, W, generator=gen)
+    pool = torch.full((8, C, W - 1), float("nan"))
+    pool[5] = torch.randn(C, W - 1, generator=gen)
+    pools = [pool.clone(), pool.clone()]
+    outs = [torch.full((T, C), float("nan")) for _ in range(2)]
+    for fn, pool, out in zip((causal_conv1d_ref, causal_conv1d_triton), pools, outs):
+        for level in _tree_levels():
+            fn(x, weight, None, pool, *level, "silu", out=out)
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    assert not outs[1].isnan().any()
+    torch.testing.assert_close(pools[1][[0, 1, 2, 3, 4, 6, 7]], pools[0][[0, 1, 2, 3, 4, 6, 7]], rtol=0, atol=0)

@@ -2,8 +2,11 @@
 Qwen3.5-4B GDN shapes (16 key / 32 value heads, head size 128, bf16), on
 streams shaped like RACE, QuALITY and MultiRC.
 
-* "Flide forked": the tree's levels in turn (:func:`gated_delta_rule_forked`),
-  children reading their parent's state slot by index.
+* "Flide forked (tree)": what the models run (:func:`gated_delta_rule_tree_triton`):
+  the state-free steps once over all segments, the inter-chunk kernel level by
+  level, children reading their parent's state slot by index.
+* "Flide forked (levels)": each tree level in turn through
+  :func:`gated_delta_rule_forked` (the previous design, for comparison).
 * "fla chunk, same tokens": fla's ``chunk_gated_delta_rule`` over the stream's
   segments as independent sequences (no initial states): the same tokens with
   no forking to do, the bar the issue sets (>= 90%).
@@ -40,6 +43,7 @@ from flide_ext.kernels.gated_delta_rule_triton import (  # noqa: E402
     chunk_gated_delta_rule_fla,
     chunk_gated_delta_rule_forked,
     gated_delta_rule_forked,
+    gated_delta_rule_tree_triton,
     recurrent_gated_delta_rule_triton,
 )
 from flide_ext.plan import plan_round  # noqa: E402
@@ -52,10 +56,12 @@ def inputs(T, gen):
 
 
 def gdn_passes(name: str):
-    """``(plan, out, forked, fla_same_tokens)`` for a workload: ``forked()`` runs the
-    tree's levels through :func:`gated_delta_rule_forked` into ``out``;
-    ``fla_same_tokens()`` runs fla's chunk kernel over the same segments as
-    independent sequences (no initial states)."""
+    """``(plan, tree, levels, fla_same_tokens)`` for a workload, each a function
+    returning its ``[T, HV, V]`` output: ``tree()`` runs the whole tree through
+    :func:`gated_delta_rule_tree_triton` (the models' path); ``levels()`` runs the
+    tree's levels through :func:`gated_delta_rule_forked`; ``fla_same_tokens()``
+    runs fla's chunk kernel over the same segments as independent sequences (no
+    initial states)."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
     owners, prompts = workload_prompts(name)
@@ -65,38 +71,45 @@ def gdn_passes(name: str):
     q, k, v, g, beta = inputs(plan.num_tokens, gen)
     pool = torch.zeros(plan.num_segments, HV, K, V, device="cuda")
     out = torch.empty_like(v)
-    levels = plan.level_tables()
+    tables = plan.level_tables()
 
-    def forked():
-        for level in levels:
+    def tree():
+        return gated_delta_rule_tree_triton(q, k, v, g, beta, K**-0.5, pool, tables)
+
+    def levels():
+        for level in tables:
             gated_delta_rule_forked(q, k, v, g, beta, K**-0.5, pool, *level, out=out)
+        return out
 
     cu = torch.cat([plan.seg_start, plan.seg_start[-1:] + plan.seg_len[-1:]])
 
     def fla_same_tokens():
-        chunk_gated_delta_rule(q[None], k[None], v[None], g[None], beta[None], scale=K**-0.5,
-                               output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+        return chunk_gated_delta_rule(q[None], k[None], v[None], g[None], beta[None], scale=K**-0.5,
+                                      output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)[0][0]
 
-    return plan, out, forked, fla_same_tokens
+    return plan, tree, levels, fla_same_tokens
 
 
 def run_workload(name, rows):
-    plan, _, forked, fla_same_tokens = gdn_passes(name)
+    plan, tree, per_level, fla_same_tokens = gdn_passes(name)
     T, S = plan.num_tokens, plan.num_segments
     levels = plan.level_tables()
     gen = torch.Generator(device="cuda").manual_seed(4)
 
     # Bytes every version must move: inputs and outputs once, each segment's final state written.
     nbytes = 2 * T * (2 * H * K + 2 * HV * V + HV) + 4 * T * HV + 4 * S * HV * K * V
-    base = {"workload": name, "tokens": T, "segments": S, "min_bytes": nbytes}
-    t_fork, t_fla = median_ms(forked), median_ms(fla_same_tokens)
-    d_fork, d_fla = device_ms(forked), device_ms(fla_same_tokens)
-    for method, ms, dms in (("Flide forked (levels)", t_fork, d_fork), ("fla chunk, same tokens, no forks", t_fla, d_fla)):
-        rows.append({**base, "method": method, "ms": ms, "device_ms": dms, "gbps": nbytes / (ms * 1e-3) / 1e9})
-    rows[-2]["share_of_fla"] = t_fla / t_fork
-    rows[-2]["device_share_of_fla"] = d_fla / d_fork
-    tqdm.write(f"{name:8s} forked {t_fork:.3f} ms (kernels {d_fork:.3f}), fla same tokens {t_fla:.3f} ms "
-               f"(kernels {d_fla:.3f}): {100 * t_fla / t_fork:.0f}% of fla wall, {100 * d_fla / d_fork:.0f}% kernels")
+    base = {"workload": name, "tokens": T, "segments": S, "levels": len(levels), "min_bytes": nbytes}
+    diff = float((tree().float() - per_level().float()).norm() / per_level().float().norm())
+    t_fla, d_fla = median_ms(fla_same_tokens), device_ms(fla_same_tokens)
+    rows.append({**base, "method": "fla chunk, same tokens, no forks", "ms": t_fla, "device_ms": d_fla,
+                 "gbps": nbytes / (t_fla * 1e-3) / 1e9})
+    for method, fn in (("Flide forked (tree)", tree), ("Flide forked (levels)", per_level)):
+        ms, dms = median_ms(fn), device_ms(fn)
+        rows.append({**base, "method": method, "ms": ms, "device_ms": dms, "gbps": nbytes / (ms * 1e-3) / 1e9,
+                     "share_of_fla": t_fla / ms, "device_share_of_fla": d_fla / dms,
+                     "rel_diff_tree_vs_levels": diff})
+        tqdm.write(f"{name:8s} {method:22s} {ms:.3f} ms (kernels {dms:.3f}), fla same tokens {t_fla:.3f} ms "
+                   f"(kernels {d_fla:.3f}): {100 * t_fla / ms:.0f}% of fla wall, {100 * d_fla / dms:.0f}% kernels")
     C = 2 * H * K + HV * V
     x = torch.randn(T, C, device="cuda", generator=gen, dtype=torch.bfloat16)
     w = torch.randn(C, 4, device="cuda", generator=gen, dtype=torch.bfloat16)
@@ -166,11 +179,11 @@ def main() -> int:
     except Exception:
         traceback.print_exc()
     save()
-    print(f"{'workload':9s} {'forked ms':>10s} {'fla ms':>8s} {'% of fla':>9s} {'kernels: % of fla':>18s}")
+    print(f"{'workload':9s} {'method':22s} {'ms':>7s} {'fla ms':>7s} {'% of fla':>9s} {'kernels: % of fla':>18s}")
     for r in rows:
         if "share_of_fla" in r:
             fla = r["ms"] * r["share_of_fla"]
-            print(f"{r['workload']:9s} {r['ms']:10.3f} {fla:8.3f} {100 * r['share_of_fla']:8.0f}% "
+            print(f"{r['workload']:9s} {r['method']:22s} {r['ms']:7.3f} {fla:7.3f} {100 * r['share_of_fla']:8.0f}% "
                   f"{100 * r['device_share_of_fla']:17.0f}%")
     return 0
 

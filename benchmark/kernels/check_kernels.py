@@ -46,6 +46,7 @@ from flide_ext.kernels.gated_delta_rule_triton import (  # noqa: E402
     chunk_gated_delta_rule_forked,
     fla_available,
     gated_delta_rule_forked,
+    gated_delta_rule_tree_triton,
     recurrent_gated_delta_rule_triton,
 )
 from flide_ext.plan import Resume, plan_round  # noqa: E402
@@ -143,6 +144,13 @@ def run_levels(fn, plan, tensors, out):
     return out
 
 
+def run_tree(plan, tensors, out):
+    # The whole tree at once (the models' path), copied into out's rows.
+    got = gated_delta_rule_tree_triton(*tensors, plan.level_tables())
+    out.copy_(got)
+    return out
+
+
 def gdn_reference_levels(plan, q, k, v, g, beta, scale, pool):
     out = torch.zeros(v.shape, dtype=torch.float32, device=DEV)
     return run_levels(chunk_gated_delta_rule_ref, plan, (q.float(), k.float(), v.float(), g, beta.float(), scale, pool),
@@ -163,10 +171,14 @@ def check_gdn(gen, workload, requests, label, H=16, HV=32, K=128, V=128, C=None)
     if fla_available():
         paths.append(("fla WY + own forked-state chunk kernel", chunk_gated_delta_rule_forked))
         paths.append(("fla chunk with gathered states", chunk_gated_delta_rule_fla))
+    paths.append(("whole tree (gated_delta_rule_tree_triton, the models' path)", None))
     for name, fn in paths:
         pool = torch.full((S, HV, K, V), float("nan"), device=DEV)
         out = torch.full(v.shape, float("nan"), dtype=v.dtype, device=DEV)
-        run_levels(fn, plan, (q, k, v, g, beta, scale, pool), out)
+        if fn is None:
+            run_tree(plan, (q, k, v, g, beta, scale, pool), out)
+        else:
+            run_levels(fn, plan, (q, k, v, g, beta, scale, pool), out)
         err = rel_err(out, want)
         kept = plan.seg_slot[plan.seg_len > 0]
         state_err = rel_err(pool[kept], want_pool[kept])
@@ -218,11 +230,14 @@ def check_many_segments(gen):
     q, k, v, g, beta = gdn_inputs(T, 16, 32, 128, 128, gen)
     want_pool = torch.zeros(S, 32, 128, 128, dtype=torch.float64, device=DEV)
     want = gdn_reference_levels(plan, q, k, v, g, beta, 128**-0.5, want_pool)
-    pool = torch.full((S, 32, 128, 128), float("nan"), device=DEV)
-    out = torch.full(v.shape, float("nan"), dtype=v.dtype, device=DEV)
-    run_levels(gated_delta_rule_forked, plan, (q, k, v, g, beta, 128**-0.5, pool), out)
-    err = rel_err(out, want)
-    record(f"gated delta rule bf16, {S} segments, 32 value heads", err, BF16_TOL, err <= BF16_TOL, segments=S)
+    for name, run in (("levels", lambda t, o: run_levels(gated_delta_rule_forked, plan, t, o)),
+                      ("whole tree", lambda t, o: run_tree(plan, t, o))):
+        pool = torch.full((S, 32, 128, 128), float("nan"), device=DEV)
+        out = torch.full(v.shape, float("nan"), dtype=v.dtype, device=DEV)
+        run((q, k, v, g, beta, 128**-0.5, pool), out)
+        err = rel_err(out, want)
+        record(f"gated delta rule bf16, {S} segments, 32 value heads: {name}", err, BF16_TOL, err <= BF16_TOL,
+               segments=S)
 
 
 def check_empty_segments(gen):
@@ -262,6 +277,13 @@ def check_empty_segments(gen):
         passthrough = torch.equal(pool[3], pool[0])
         record(f"gated delta rule bf16, empty and 1-token segments: {name}",
                {"rel_err": err, "empty segment passes state": passthrough}, BF16_TOL, err <= BF16_TOL and passthrough)
+    pool = torch.full((6, 4, 128, 128), float("nan"), device=DEV)
+    levels = [tuple(t[level] for t in (starts, lens, initial, final)) for level in (slice(0, 3), slice(3, 6))]
+    out = gated_delta_rule_tree_triton(q, k, v, g, beta, 128**-0.5, pool, levels)
+    err = rel_err(out, want)
+    passthrough = torch.equal(pool[3], pool[0])
+    record("gated delta rule bf16, empty and 1-token segments: whole tree",
+           {"rel_err": err, "empty segment passes state": passthrough}, BF16_TOL, err <= BF16_TOL and passthrough)
 
 
 def tiny_qwen35_config():

@@ -98,12 +98,15 @@ def plot(fa: dict, gdn: dict, path: Path) -> None:
     ax1.set_title("Attention, Qwen3.5-4B shape (16/4 heads x 256), bf16, H200")
     ax1.legend(fontsize=8)
     gworkloads = list(dict.fromkeys(r["workload"] for r in gdn["rows"]))
-    for i, (m, key) in enumerate((("Flide forked (levels)", "device_ms"), ("fla chunk, same tokens, no forks", "device_ms"),
-                                  ("Flide forked (levels)", "ms"), ("fla chunk, same tokens, no forks", "ms"))):
-        vals = [next(r[key] for r in gdn["rows"] if r["workload"] == w and r["method"] == m) for w in gworkloads]
+    gmethods = list(dict.fromkeys(r["method"] for r in gdn["rows"] if not r["method"].startswith("causal conv1d")))
+    bars = [(m, key) for key in ("device_ms", "ms") for m in gmethods]
+    width = 0.8 / len(bars)
+    for i, (m, key) in enumerate(bars):
+        vals = [next((r.get(key) or 0 for r in gdn["rows"] if r["workload"] == w and r["method"] == m), 0)
+                for w in gworkloads]
         label = f"{m}: {'GPU kernels' if key == 'device_ms' else 'wall'}"
-        ax2.bar([x + i * 0.2 for x in range(len(gworkloads))], vals, 0.2, label=label)
-    ax2.set_xticks([x + 0.3 for x in range(len(gworkloads))], gworkloads)
+        ax2.bar([x + i * width for x in range(len(gworkloads))], vals, width, label=label)
+    ax2.set_xticks([x + width * (len(bars) - 1) / 2 for x in range(len(gworkloads))], gworkloads)
     ax2.set_ylabel("ms per GDN layer (lower is better)")
     ax2.set_title("Gated delta rule, Qwen3.5-4B GDN shape (16/32 heads x 128)")
     ax2.legend(fontsize=8)

@@ -2,19 +2,33 @@
 # Everything issue 5 measures on the lent GPU, in one device call, each step
 # under its own time limit and writing its files to $OUT as it goes:
 #   bash scripts/fetch_gpu_wheels.sh            # here, once
-#   run (carry .whl, timeout_s 600): bash benchmark/kernels/run_h200.sh   # steps: 280 + 140 + 110 + 50 s at most
+#   run (carry .whl, timeout_s 600): bash benchmark/kernels/run_h200.sh [steps]
+# steps (default all): check (280 s at most), gdn (170), attention (110), states (90), tree (120).
 set -uo pipefail
+STEPS=${*:-check gdn attention states tree}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
 OUT=${OUT:-results}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site || exit 1
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$OUT/gpu.txt"
-timeout 280 python3 benchmark/kernels/check_kernels.py --out "$OUT/check_kernels.json" > "$OUT/check_kernels.log" 2>&1
-timeout 140 python3 benchmark/kernels/bench_gdn.py --out "$OUT/gdn.json" > "$OUT/bench_gdn.log" 2>&1
-timeout 110 python3 benchmark/kernels/bench_fork_attention.py --out "$OUT/fork_attention.json" \
+want check && timeout 280 python3 benchmark/kernels/check_kernels.py --out "$OUT/check_kernels.json" \
+    > "$OUT/check_kernels.log" 2>&1
+want gdn && timeout 170 python3 benchmark/kernels/bench_gdn.py --out "$OUT/gdn.json" > "$OUT/bench_gdn.log" 2>&1
+want attention && timeout 110 python3 benchmark/kernels/bench_fork_attention.py --out "$OUT/fork_attention.json" \
     > "$OUT/bench_fork_attention.log" 2>&1
-timeout 50 python3 benchmark/kernels/sweep_kernels.py --only states_vs_fla --out "$OUT/states_vs_fla.json" \
+want states && timeout 90 python3 benchmark/kernels/sweep_kernels.py --only states_vs_fla --out "$OUT/states_vs_fla.json" \
     > "$OUT/states_vs_fla.log" 2>&1
-grep -c PASS "$OUT/check_kernels.log"; grep -v "^PASS" "$OUT/check_kernels.log" | tail -5
-tail -6 "$OUT/bench_gdn.log"; tail -4 "$OUT/bench_fork_attention.log"; grep "^states" "$OUT/states_vs_fla.log"
+want tree && timeout 120 python3 benchmark/kernels/sweep_kernels.py --only states --out "$OUT/sweep_tree.json" \
+    > "$OUT/sweep_tree.log" 2>&1
+for f in check_kernels bench_gdn bench_fork_attention states_vs_fla sweep_tree; do
+    [ -f "$OUT/$f.log" ] || continue
+    echo "== $f"
+    case $f in
+        check_kernels) grep -c PASS "$OUT/$f.log"; grep -v "^PASS" "$OUT/$f.log" | tail -8 ;;
+        states_vs_fla) grep "^states" "$OUT/$f.log" ;;
+        sweep_tree) grep "^gdn tree" "$OUT/$f.log" ;;
+        *) tail -8 "$OUT/$f.log" ;;
+    esac
+done

@@ -2,9 +2,9 @@
 window read from a pool slot by index and its final window written to a slot.
 
 Same signature and result as :func:`flide_ext.kernels.causal_conv1d.causal_conv1d_ref`.
-One program runs one segment for ``BLOCK_C`` channels, ``BLOCK_T`` rows at a
-time; taps that reach before the segment's first row read the parent's window
-in the pool, so no per-question copy of the window is made.
+One program runs ``BLOCK_T`` rows of one segment for ``BLOCK_C`` channels;
+taps that reach before the segment's first row read the parent's window in the
+pool, so no per-question copy of the window is made.
 """
 
 from __future__ import annotations
@@ -16,17 +16,25 @@ import triton
 import triton.language as tl
 
 from .arguments import check_written
+from .round_cache import round_cache
+
+# Rows and channels of one program's tile.
+BLOCK_T, BLOCK_C = 32, 128
 
 
 @triton.jit
 def _causal_conv1d_kernel(
     X, WEIGHT, BIAS, POOL, OUT,
-    SEG_START, SEG_LEN, INITIAL, FINAL,
+    BLOCKS, SEG_START, SEG_LEN, INITIAL, FINAL,
     C, stride_x, stride_out,
     WIDTH: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
     HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
 ):
-    seg = tl.program_id(0)
+    # One program per (segment, BLOCK_T rows) entry of BLOCKS and BLOCK_C channels:
+    # rows are independent given the inputs, so a long segment spreads over many
+    # programs instead of one looping over it.
+    seg = tl.load(BLOCKS + 2 * tl.program_id(0))
+    t0 = tl.load(BLOCKS + 2 * tl.program_id(0) + 1)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = c < C
     start = tl.load(SEG_START + seg)
@@ -38,39 +46,55 @@ def _causal_conv1d_kernel(
     weight = tl.load(WEIGHT + c[:, None] * WIDTH + taps[None, :], mask=c_ok[:, None] & (taps[None, :] < WIDTH),
                      other=0.0).to(tl.float32)
     window = POOL + first.to(tl.int64) * C * HIST + c * HIST  # [BLOCK_C] row pointers of the initial window
-    for t0 in range(0, n, BLOCK_T):
-        rows = t0 + tl.arange(0, BLOCK_T)
-        row_ok = rows < n
-        acc = tl.zeros([BLOCK_T, BLOCK_C], tl.float32)
-        for tap in tl.static_range(WIDTH):
-            src = rows - HIST + tap  # index in the segment; negative: the initial window
-            in_x = row_ok & (src >= 0)
-            xv = tl.load(X + (start + src).to(tl.int64)[:, None] * stride_x + c[None, :],
-                         mask=in_x[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
-            in_w = row_ok & (src < 0) & (first >= 0)
-            wv = tl.load(window[None, :] + (HIST + src)[:, None], mask=in_w[:, None] & c_ok[None, :],
-                         other=0.0).to(tl.float32)
-            w_tap = tl.sum(tl.where(taps[None, :] == tap, weight, 0.0), axis=1)
-            acc += (xv + wv) * w_tap[None, :]
-        if HAS_BIAS:
-            acc += tl.load(BIAS + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-        if SILU:
-            acc = acc * tl.sigmoid(acc)
-        tl.store(OUT + (start + rows).to(tl.int64)[:, None] * stride_out + c[None, :], acc.to(OUT.dtype.element_ty),
-                 mask=row_ok[:, None] & c_ok[None, :])
-    if last >= 0:
+    rows = t0 + tl.arange(0, BLOCK_T)
+    row_ok = rows < n
+    acc = tl.zeros([BLOCK_T, BLOCK_C], tl.float32)
+    for tap in tl.static_range(WIDTH):
+        src = rows - HIST + tap  # index in the segment; negative: the initial window
+        in_x = row_ok & (src >= 0)
+        xv = tl.load(X + (start + src).to(tl.int64)[:, None] * stride_x + c[None, :],
+                     mask=in_x[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+        in_w = row_ok & (src < 0) & (first >= 0)
+        wv = tl.load(window[None, :] + (HIST + src)[:, None], mask=in_w[:, None] & c_ok[None, :],
+                     other=0.0).to(tl.float32)
+        w_tap = tl.sum(tl.where(taps[None, :] == tap, weight, 0.0), axis=1)
+        acc += (xv + wv) * w_tap[None, :]
+    if HAS_BIAS:
+        acc += tl.load(BIAS + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    tl.store(OUT + (start + rows).to(tl.int64)[:, None] * stride_out + c[None, :], acc.to(OUT.dtype.element_ty),
+             mask=row_ok[:, None] & c_ok[None, :])
+    # The segment's last block (an empty segment has one block) writes its final window.
+    if (last >= 0) & (t0 + BLOCK_T >= n):
         # The last HIST inputs on the path: from the segment, or (short segment) from the initial window.
         hist = tl.arange(0, BLOCK_W)
-        src = n - HIST + hist
+        h_src = n - HIST + hist
         h_ok = hist < HIST
-        in_x = h_ok & (src >= 0)
-        xv = tl.load(X + (start + src).to(tl.int64)[:, None] * stride_x + c[None, :],
-                     mask=in_x[:, None] & c_ok[None, :], other=0.0)
-        in_w = h_ok & (src < 0) & (first >= 0)
-        wv = tl.load(window[None, :] + (HIST + src)[:, None], mask=in_w[:, None] & c_ok[None, :], other=0.0)
-        value = tl.where(in_x[:, None], xv.to(POOL.dtype.element_ty), wv.to(POOL.dtype.element_ty))
+        h_in_x = h_ok & (h_src >= 0)
+        h_xv = tl.load(X + (start + h_src).to(tl.int64)[:, None] * stride_x + c[None, :],
+                       mask=h_in_x[:, None] & c_ok[None, :], other=0.0)
+        h_in_w = h_ok & (h_src < 0) & (first >= 0)
+        h_wv = tl.load(window[None, :] + (HIST + h_src)[:, None], mask=h_in_w[:, None] & c_ok[None, :], other=0.0)
+        value = tl.where(h_in_x[:, None], h_xv.to(POOL.dtype.element_ty), h_wv.to(POOL.dtype.element_ty))
         tl.store(POOL + last.to(tl.int64) * C * HIST + c[None, :] * HIST + hist[:, None], value,
                  mask=h_ok[:, None] & c_ok[None, :])
+
+
+def _blocks(seg_len: torch.Tensor, block_t: int) -> torch.Tensor:
+    # [nb, 2] int32 (segment, first row) of every BLOCK_T rows; an empty segment
+    # gets one block, which only passes its window on.
+    pairs = [(s, t0) for s, n in enumerate(seg_len.tolist()) for t0 in range(0, max(n, 1), block_t)]
+    return torch.tensor(pairs, dtype=torch.int32, device=seg_len.device).reshape(-1, 2)
+
+
+def row_blocks(seg_start, seg_len, initial_slot, final_slot, block_t: int = BLOCK_T):
+    """``(blocks, seg_start, seg_len, initial_slot, final_slot)`` as the kernel
+    reads them (int32), memoised for the round (:mod:`.round_cache`): built once,
+    not per layer."""
+    tensors = (seg_start, seg_len, initial_slot, final_slot)
+    return round_cache.get(("conv_blocks", block_t), tensors,
+                           lambda: (_blocks(seg_len, block_t),) + tuple(t.int() for t in tensors))
 
 
 def causal_conv1d_triton(
@@ -105,12 +129,11 @@ def causal_conv1d_triton(
     S = seg_start.numel()
     if S == 0:
         return out
-    BLOCK_C = 128
-    _causal_conv1d_kernel[(S, triton.cdiv(C, BLOCK_C))](
+    blocks, *table = row_blocks(seg_start, seg_len, initial_slot, final_slot)
+    _causal_conv1d_kernel[(blocks.shape[0], triton.cdiv(C, BLOCK_C))](
         x, weight.contiguous(), bias.contiguous() if bias is not None else weight, conv_pool, out,
-        seg_start.int(), seg_len.int(), initial_slot.int(), final_slot.int(),
-        C, x.stride(0), out.stride(0),
-        WIDTH=W, BLOCK_W=triton.next_power_of_2(W), BLOCK_C=BLOCK_C, BLOCK_T=32,
+        blocks, *table, C, x.stride(0), out.stride(0),
+        WIDTH=W, BLOCK_W=triton.next_power_of_2(W), BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T,
         HAS_BIAS=bias is not None, SILU=activation == "silu",
     )
     return out

@@ -21,7 +21,8 @@ Sequence Length", arXiv:2406.06484).
 
 from __future__ import annotations
 
-from typing import Optional
+import math
+from typing import Optional, Sequence
 
 import torch
 
@@ -181,6 +182,58 @@ def chunk_gated_delta_rule(*args, **kwargs) -> torch.Tensor:
     return chunk_gated_delta_rule_ref(*args, **kwargs)
 
 
+def gated_delta_rule_tree_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float,
+    state_pool: torch.Tensor,
+    levels: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
+    use_qk_l2norm: bool = True,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """A whole prefix tree, level after level (each a :func:`chunk_gated_delta_rule_ref`
+    call), so a level's segments read the slots the level before wrote.
+
+    Args:
+        q, k, v, g, beta, scale, state_pool, use_qk_l2norm, out: as
+            :func:`chunk_gated_delta_rule_ref`.
+        levels: per tree level ``(seg_start, seg_len, initial_slot, final_slot)``,
+            ``[n]`` int64 each (:meth:`flide_ext.plan.FlatPlan.level_tables`).
+
+    Returns:
+        ``[T, HV, V]`` in ``v.dtype``: ``out`` when given; rows outside every
+        segment are zeros (or left as they were in ``out``).
+
+    Raises:
+        ValueError: HV is not a multiple of H.
+    """
+    if out is None:
+        out = torch.zeros_like(v)
+    for level in levels:
+        chunk_gated_delta_rule_ref(q, k, v, g, beta, scale, state_pool, *level, use_qk_l2norm=use_qk_l2norm, out=out)
+    return out
+
+
+def gated_delta_rule_tree(*args, **kwargs) -> torch.Tensor:
+    """Dispatch; same signature as :func:`gated_delta_rule_tree_ref`: the GPU path
+    (:func:`.gated_delta_rule_triton.gated_delta_rule_tree_triton`) on CUDA, the
+    reference elsewhere or when :mod:`.dispatch` forces it.
+
+    Raises:
+        ValueError: HV is not a multiple of H; on the GPU path, a level whose
+            segments do not lie back to back in stream order.
+    """
+    v = args[2] if len(args) > 2 else kwargs["v"]
+    if use_triton(v):
+        from .gated_delta_rule_triton import gated_delta_rule_tree_triton
+
+        return gated_delta_rule_tree_triton(*args, **kwargs)
+    return gated_delta_rule_tree_ref(*args, **kwargs)
+
+
 def chunk_states_ref(
     k: torch.Tensor,
     w: torch.Tensor,
@@ -244,3 +297,94 @@ def chunk_states_ref(
         if last >= 0:
             state_pool[last] = S.to(state_pool.dtype)
     return h, v_new
+
+
+def _chunks(cu_seqlens: torch.Tensor, chunk_size: int):
+    bounds = cu_seqlens.tolist()
+    for n in range(len(bounds) - 1):
+        for t0 in range(bounds[n], bounds[n + 1], chunk_size):
+            yield t0, min(t0 + chunk_size, bounds[n + 1])
+
+
+def chunk_local_cumsum_ref(g: torch.Tensor, cu_seqlens: torch.Tensor, chunk_size: int = 64) -> torch.Tensor:
+    """Log decay in base 2, summed from each chunk's first row (chunks start at
+    each sequence bound): ``g_cum[t] = log2(e) * sum(g[c0..t])``.
+
+    Args:
+        g: ``[T, HV]`` natural-log gates (float32).
+        cu_seqlens: ``[S+1]`` int64 sequence bounds.
+
+    Returns:
+        ``[T, HV]`` float32.
+    """
+    out = torch.zeros(g.shape, dtype=torch.float32, device=g.device)
+    for t0, t1 in _chunks(cu_seqlens, chunk_size):
+        out[t0:t1] = (g[t0:t1].double().cumsum(0) / math.log(2)).float()
+    return out
+
+
+def chunk_wy_ref(k, v, g_cum, beta, cu_seqlens, chunk_size: int = 64):
+    """The chunks' WY factors (Yang et al., 2024, arXiv:2406.06484, the UT
+    transform): with ``A[i, j] = beta_i k_i.k_j 2**(g_i - g_j)`` for ``j < i``
+    within a chunk and ``T = (I + A)^-1``, ``w = T (beta 2**g k)`` and
+    ``u = T (beta v)``, per value head.
+
+    Args:
+        k: ``[T, H, K]`` (L2-normalised) keys, H divides HV.
+        v: ``[T, HV, V]``; g_cum: ``[T, HV]`` from :func:`chunk_local_cumsum_ref`;
+        beta: ``[T, HV]``; cu_seqlens: ``[S+1]`` int64.
+
+    Returns:
+        ``w`` ``[T, HV, K]`` in ``k.dtype`` and ``u`` ``[T, HV, V]`` in ``v.dtype``.
+
+    Raises:
+        ValueError: HV is not a multiple of H.
+    """
+    HV = v.shape[1]
+    check_heads(k.shape[1], HV)
+    w = torch.zeros(k.shape[0], HV, k.shape[2], dtype=k.dtype, device=k.device)
+    u = torch.zeros_like(v)
+    for t0, t1 in _chunks(cu_seqlens, chunk_size):
+        kc = k[t0:t1].double().repeat_interleave(HV // k.shape[1], dim=1).transpose(0, 1)  # [HV, L, K]
+        gc, bc = g_cum[t0:t1].double().t(), beta[t0:t1].double().t()  # [HV, L]
+        L = t1 - t0
+        A = (bc[:, :, None] * (kc @ kc.transpose(1, 2)) * torch.exp2(gc[:, :, None] - gc[:, None, :])).tril(-1)
+        system = A + torch.eye(L, dtype=A.dtype, device=k.device)
+        rhs_w = (bc * torch.exp2(gc))[:, :, None] * kc
+        rhs_u = bc[:, :, None] * v[t0:t1].double().transpose(0, 1)
+        w[t0:t1] = torch.linalg.solve_triangular(system, rhs_w, upper=False, unitriangular=True).transpose(0, 1).to(w.dtype)
+        u[t0:t1] = torch.linalg.solve_triangular(system, rhs_u, upper=False, unitriangular=True).transpose(0, 1).to(u.dtype)
+    return w, u
+
+
+def chunk_output_ref(q, k, v_new, h, g_cum, scale, cu_seqlens, chunk_size: int = 64):
+    """Chunk outputs from the states entering each chunk (Yang et al., 2024,
+    arXiv:2406.06484): ``o = scale * (2**g * (q h) + ((q k^T) * D) v_new)`` with
+    ``D[i, j] = 2**(g_i - g_j)`` for ``j <= i`` within the chunk, per value head.
+
+    Args:
+        q, k: ``[T, H, K]`` (L2-normalised); v_new: ``[T, HV, V]``;
+        h: ``[NT, HV, K, V]`` state entering each chunk, chunks numbered in
+            ``cu_seqlens`` order; g_cum: ``[T, HV]``; scale: query scale;
+        cu_seqlens: ``[S+1]`` int64.
+
+    Returns:
+        ``[T, HV, V]`` in ``v_new.dtype``.
+
+    Raises:
+        ValueError: HV is not a multiple of H.
+    """
+    HV = v_new.shape[1]
+    check_heads(k.shape[1], HV)
+    group = HV // k.shape[1]
+    o = torch.zeros_like(v_new)
+    for c, (t0, t1) in enumerate(_chunks(cu_seqlens, chunk_size)):
+        qc = q[t0:t1].double().repeat_interleave(group, dim=1).transpose(0, 1) * scale
+        kc = k[t0:t1].double().repeat_interleave(group, dim=1).transpose(0, 1)
+        gc = g_cum[t0:t1].double().t()
+        L = t1 - t0
+        causal = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+        D = torch.exp2(gc[:, :, None] - gc[:, None, :]).masked_fill(~causal, 0.0)
+        oc = torch.exp2(gc)[:, :, None] * (qc @ h[c].double()) + ((qc @ kc.transpose(1, 2)) * D) @ v_new[t0:t1].double().transpose(0, 1)
+        o[t0:t1] = oc.transpose(0, 1).to(o.dtype)
+    return o

@@ -5,7 +5,10 @@ The tree's levels run one after another; every kernel here reads a segment's
 initial state from ``state_pool[initial_slot]`` and writes its final state to
 ``state_pool[final_slot]``, so forking a state to many questions copies nothing.
 
-* :func:`chunk_gated_delta_rule_forked`: the chunked algorithm (Yang et al.,
+* :func:`gated_delta_rule_tree_triton`: a whole tree; the state-free steps of the
+  chunked algorithm run once over all segments, the inter-chunk kernel level by
+  level (what the models call).
+* :func:`chunk_gated_delta_rule_forked`: one level of the chunked algorithm (Yang et al.,
   2024, arXiv:2406.06484) with fla-core's intra-chunk WY kernel and output
   kernel as they are, and this module's own inter-chunk kernel
   (:func:`chunk_states_triton`), the one step that touches the recurrent state.
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import triton
@@ -48,7 +51,7 @@ RECURRENT_MAX_LEN = 48
 RECURRENT_CONFIG = (32, 1)
 # (BLOCK_V, num_warps, num_stages) of the inter-chunk kernel; chosen on the H200
 # by benchmark/kernels/sweep_kernels.py.
-STATES_CONFIG = (32, 4, 3)
+STATES_CONFIG = (64, 4, 3)
 
 
 @triton.jit
@@ -189,26 +192,32 @@ def chunk_states_triton(
     final_slot: torch.Tensor,
     chunk_size: int = 64,
     num_chunks: Optional[int] = None,
+    h: Optional[torch.Tensor] = None,
+    v_new: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Own Triton kernel for the inter-chunk step with forked states; arguments and
     result as :func:`flide_ext.kernels.gated_delta_rule.chunk_states_ref`, plus
-    ``num_chunks`` (``chunk_offsets[-1]``, to skip a device sync when known).
+    ``num_chunks`` (``chunk_offsets[-1]``, to skip a device sync when known) and
+    optional contiguous outputs ``h`` ``[NT, HV, K, V]`` and ``v_new``
+    ``[T, HV, V]`` to write into (views of a whole tree's buffers).
     One program runs one sequence, one value head and ``BLOCK_V`` value columns;
     inputs are made contiguous ``[T, heads, dim]``.
 
     Raises:
         ValueError: HV not a multiple of H; ``chunk_size`` not a power of two of at
-            least 16; ``state_pool`` not contiguous.
+            least 16; ``state_pool``, ``h`` or ``v_new`` not contiguous.
     """
     T, HV, DV = u.shape
     H, DK = k.shape[1], k.shape[2]
     check_heads(H, HV)
     if chunk_size < 16 or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a power of two of at least 16, not {chunk_size}")
-    check_written(state_pool=state_pool)
     NT = int(chunk_offsets[-1]) if num_chunks is None else num_chunks
-    h = torch.empty(NT, HV, DK, DV, dtype=k.dtype, device=k.device)
-    v_new = torch.empty_like(u)
+    if h is None:
+        h = torch.empty(NT, HV, DK, DV, dtype=k.dtype, device=k.device)
+    if v_new is None:
+        v_new = torch.empty_like(u)
+    check_written(state_pool=state_pool, h=h, v_new=v_new)
     N = initial_slot.numel()
     if N == 0:
         return h, v_new
@@ -499,3 +508,199 @@ def gated_delta_rule_forked(
     if fla_available() and not (meta.forked and meta.max_len <= RECURRENT_MAX_LEN):
         return chunk_gated_delta_rule_forked(*args)
     return recurrent_gated_delta_rule_triton(*args)
+
+
+@dataclass
+class TreeMeta:
+    """Host-side facts and varlen tables of a whole tree (built once per round):
+    every non-empty segment of every level, in stream order, as one varlen batch."""
+
+    lo: int  # first stream row of the tree's segments
+    hi: int  # one past the last row
+    cu_seqlens: torch.Tensor  # [n+1] int64, relative to lo
+    chunk_indices: torch.Tensor  # fla's (sequence, chunk) table, [NT, 2]
+    num_chunks: int
+    levels: list  # per level: (LevelMeta, first chunk of the level in the tree's numbering)
+
+
+def _tree_meta(levels) -> Optional[TreeMeta]:
+    metas = [level_meta(*level) for level in levels]
+    spans = sorted((start, n) for level in levels for start, n in zip(level[0].tolist(), level[1].tolist()) if n > 0)
+    if not spans:
+        return None
+    bounds, chunks, first_chunk = [0], [0], {}
+    lo = pos = spans[0][0]
+    for start, n in spans:
+        if start != pos:
+            return None  # rows between segments: the levels run one by one instead
+        first_chunk[start] = chunks[-1]
+        pos += n
+        bounds.append(pos - lo)
+        chunks.append(chunks[-1] + -(-n // 64))
+    device = levels[0][0].device
+    pairs = [(i, c) for i, (_, n) in enumerate(spans) for c in range(-(-n // 64))]
+    return TreeMeta(
+        lo=lo, hi=pos,
+        cu_seqlens=torch.tensor(bounds, dtype=torch.long, device=device),
+        chunk_indices=torch.tensor(pairs, dtype=torch.long, device=device),
+        num_chunks=chunks[-1],
+        levels=[(m, first_chunk.get(m.lo, 0)) for m in metas],
+    )
+
+
+def tree_meta(levels) -> Optional[TreeMeta]:
+    """:class:`TreeMeta` of a tree's level tables, memoised for the round
+    (:mod:`.round_cache`); None when the segments leave rows between them.
+
+    Raises:
+        ValueError: a level's non-empty segments do not lie back to back in stream order.
+    """
+    tensors = tuple(t for level in levels for t in level)
+    return round_cache.get("gdn_tree", tensors, lambda: _tree_meta(levels))
+
+
+@dataclass(frozen=True)
+class ChunkSteps:
+    """The state-free steps of the chunked algorithm, 2-D (no batch dimension),
+    with the signatures of their references in :mod:`.gated_delta_rule`
+    (``chunk_local_cumsum_ref``, ``chunk_wy_ref``, ``chunk_output_ref``) plus
+    fla's ``chunk_indices`` table as the last argument."""
+
+    l2norm: Callable  # [T, H, K] -> [T, H, K], rows scaled to unit norm (eps 1e-6)
+    local_cumsum: Callable  # (g, cu_seqlens, chunk_indices) -> g_cum
+    wy: Callable  # (k, v, g_cum, beta, cu_seqlens, chunk_indices) -> (w, u)
+    output: Callable  # (q, k, v_new, h, g_cum, scale, cu_seqlens, chunk_indices) -> o
+
+
+@functools.lru_cache(maxsize=None)
+def fla_steps() -> ChunkSteps:
+    """fla-core's kernels for the state-free steps (64-row chunks)."""
+    from fla.ops.common.chunk_o import chunk_fwd_o
+    from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra
+    from fla.ops.utils import chunk_local_cumsum
+    from fla.ops.utils.constant import RCP_LN2
+
+    def local_cumsum(g, cu, ci):
+        return chunk_local_cumsum(g[None].float(), chunk_size=64, scale=RCP_LN2, cu_seqlens=cu, chunk_indices=ci)[0]
+
+    def wy(k, v, g_cum, beta, cu, ci):
+        w, u, _ = chunk_gated_delta_rule_fwd_intra(k=k[None], v=v[None], g=g_cum[None], beta=beta[None].contiguous(),
+                                                   cu_seqlens=cu, chunk_size=64, chunk_indices=ci)
+        return w[0], u[0]
+
+    def output(q, k, v_new, h, g_cum, scale, cu, ci):
+        return chunk_fwd_o(q=q[None], k=k[None], v=v_new[None], h=h[None], g=g_cum[None], scale=scale,
+                           cu_seqlens=cu, chunk_size=64, chunk_indices=ci)[0]
+
+    return ChunkSteps(l2norm=_l2norm, local_cumsum=local_cumsum, wy=wy, output=output)
+
+
+def reference_steps() -> ChunkSteps:
+    """The PyTorch references of the state-free steps (float64 inside); lets the
+    tree's composition run on CPU with the interpreted inter-chunk kernel."""
+    from .gated_delta_rule import chunk_local_cumsum_ref, chunk_output_ref, chunk_wy_ref
+
+    def l2norm(x):
+        xf = x.double()
+        return (xf * torch.rsqrt((xf * xf).sum(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+    return ChunkSteps(
+        l2norm=l2norm,
+        local_cumsum=lambda g, cu, ci: chunk_local_cumsum_ref(g, cu),
+        wy=lambda k, v, g_cum, beta, cu, ci: chunk_wy_ref(k, v, g_cum, beta, cu),
+        output=lambda q, k, v_new, h, g_cum, scale, cu, ci: chunk_output_ref(q, k, v_new, h, g_cum, scale, cu),
+    )
+
+
+def chunk_steps() -> Optional[ChunkSteps]:
+    """The state-free steps the tree path uses: fla-core's when it imports, else None."""
+    return fla_steps() if fla_available() else None
+
+
+def _runs_recurrent(meta: LevelMeta) -> bool:
+    # Short forked questions: the token-by-token kernel beats a chunk pass.
+    return meta.hi == meta.lo or (meta.forked and meta.max_len <= RECURRENT_MAX_LEN)
+
+
+def gated_delta_rule_tree_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float,
+    state_pool: torch.Tensor,
+    levels,
+    use_qk_l2norm: bool = True,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """A whole prefix tree on the GPU; arguments and result as
+    :func:`flide_ext.kernels.gated_delta_rule.gated_delta_rule_tree_ref`.
+
+    Only the inter-chunk step depends on a segment's initial state, so everything
+    else runs once over the tree's segments as one varlen batch, exactly as
+    fla-core runs independent sequences (:func:`chunk_steps`): the L2 norms, the
+    gate's chunk cumsum, the intra-chunk WY kernel and the output kernel. The own
+    inter-chunk kernel (:func:`chunk_states_triton`) then runs level by level,
+    each level reading the slots the level before wrote, into the tree's
+    chunk-state buffer. The work is fla's on the same tokens plus one inter-chunk
+    launch per extra level.
+
+    Trailing levels of short forked questions (at most ``RECURRENT_MAX_LEN``
+    tokens, the last levels of most decision trees) run the own recurrent kernel
+    after the chunk pass instead. Without fla-core, or when rows lie between the
+    chunked levels' segments, the levels run one by one through
+    :func:`gated_delta_rule_forked`.
+
+    Raises:
+        ValueError: HV is not a multiple of H; ``state_pool`` not contiguous; a
+            level's non-empty segments do not lie back to back in stream order.
+    """
+    T, HV, _ = v.shape
+    check_heads(k.shape[1], HV)
+    check_written(state_pool=state_pool)
+    levels = list(levels)
+    steps = chunk_steps() if levels else None
+    n_chunked = len(levels)
+    while n_chunked and _runs_recurrent(level_meta(*levels[n_chunked - 1])):
+        n_chunked -= 1
+    meta = tree_meta(levels[:n_chunked]) if steps is not None and n_chunked else None
+    if meta is None:
+        if out is None:
+            out = torch.zeros_like(v)
+        for level in levels:
+            gated_delta_rule_forked(q, k, v, g, beta, scale, state_pool, *level, use_qk_l2norm, out)
+        return out
+    o = _chunk_pass(meta, steps, q, k, v, g, beta, scale, state_pool, use_qk_l2norm)
+    lo, hi = meta.lo, meta.hi
+    if out is None and lo == 0 and hi == T and n_chunked == len(levels) and o.dtype == v.dtype:
+        return o  # every row is a chunked segment's row: no copy into a zeroed tensor
+    if out is None:
+        out = torch.zeros_like(v)
+    out[lo:hi] = o.to(out.dtype)
+    for level in levels[n_chunked:]:
+        recurrent_gated_delta_rule_triton(q, k, v, g, beta, scale, state_pool, *level, use_qk_l2norm, out)
+    return out
+
+
+def _chunk_pass(meta: TreeMeta, steps: ChunkSteps, q, k, v, g, beta, scale, state_pool, use_qk_l2norm):
+    # The chunked algorithm over the tree's rows [lo, hi): state-free steps once,
+    # the inter-chunk kernel per level. Returns the outputs of those rows.
+    lo, hi, cu, ci = meta.lo, meta.hi, meta.cu_seqlens, meta.chunk_indices
+    qs, ks = q[lo:hi], k[lo:hi]
+    if use_qk_l2norm:
+        qs, ks = steps.l2norm(qs), steps.l2norm(ks)
+    qs, ks, vs = qs.contiguous(), ks.contiguous(), v[lo:hi].contiguous()
+    g_cum = steps.local_cumsum(g[lo:hi], cu, ci)
+    w, u = steps.wy(ks, vs, g_cum, beta[lo:hi], cu, ci)
+    h = torch.empty(meta.num_chunks, v.shape[1], k.shape[2], v.shape[2], dtype=ks.dtype, device=v.device)
+    v_new = torch.empty_like(u)
+    for level, c0 in meta.levels:
+        _pass_through(level, state_pool)
+        if level.hi == level.lo:
+            continue
+        a, b = level.lo - lo, level.hi - lo
+        chunk_states_triton(ks[a:b], w[a:b], u[a:b], g_cum[a:b], state_pool, level.cu_seqlens, level.chunk_offsets,
+                            level.initial, level.final, 64, level.num_chunks,
+                            h=h[c0:c0 + level.num_chunks], v_new=v_new[a:b])
+    return steps.output(qs, ks, v_new, h, g_cum, scale, cu, ci)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.causal_conv1d import causal_conv1d
-from ..kernels.gated_delta_rule import chunk_gated_delta_rule
+from ..kernels.gated_delta_rule import gated_delta_rule_tree
 from .linear import Linear
 from .norm import GatedRMSNorm
 
@@ -91,9 +91,8 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(b.double()).to(b.dtype)
         g = (-self.A_log.double().exp() * F.softplus(a.double() + self.dt_bias.double())).float()
 
-        o = torch.empty_like(v)
-        for level in plan.level_tables():
-            chunk_gated_delta_rule(q, k, v, g, beta, self.head_k_dim**-0.5, state_pool, *level, use_qk_l2norm=True, out=o)
+        o = gated_delta_rule_tree(q, k, v, g, beta, self.head_k_dim**-0.5, state_pool, plan.level_tables(),
+                                  use_qk_l2norm=True)
         o = self.norm(o, z).reshape(T, -1)
         return self.out_proj(o)
 

@@ -1,0 +1,128 @@
+"""Every Triton launch the wrappers make compiles for the H200 (sm_90), on CPU.
+
+The interpreter (``TRITON_INTERPRET=1``, see conftest.py) runs kernels as
+Python and skips the compiler's type checks: a kernel can pass every
+interpreted test and still fail to compile on the GPU. Here each wrapper runs
+with bf16 inputs, its launches are recorded instead of run, and each recorded
+launch (argument types, constexprs, warps, stages) is compiled to a cubin for
+``GPUTarget("cuda", 90, 32)`` with Triton's own compiler and ptxas, in a
+process without the interpreter (``gpu_compile.py``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import flide_ext.kernels.causal_conv1d_triton as conv
+import flide_ext.kernels.fork_attention_triton as fat
+import flide_ext.kernels.gated_delta_rule_triton as gdt
+from flide_ext.plan import plan_round
+
+POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
+           torch.int64: "*i64"}
+
+
+class Recorder:
+    """Stands in for a ``@triton.jit`` kernel: ``kernel[grid](*args, **kw)`` records."""
+
+    def __init__(self, module, name):
+        self.module, self.name = module.__name__, name
+        self.arg_names = list(inspect.signature(getattr(module, name).fn).parameters)
+        self.launches = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((args, kwargs))
+
+
+def describe(recorder, args, kwargs) -> dict:
+    """A recorded launch as the compiler's signature, constexprs and options."""
+    signature, constexprs = {}, {}
+    for name, value in zip(recorder.arg_names, args):
+        if isinstance(value, torch.Tensor):
+            signature[name] = POINTER[value.dtype]
+        elif value is None:
+            signature[name], constexprs[name] = "constexpr", None
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            signature[name] = "i64" if abs(value) >= 2**31 else "i32"
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            raise TypeError(f"{name}: {type(value)}")
+    for name in recorder.arg_names[len(args):]:
+        signature[name], constexprs[name] = "constexpr", kwargs[name]
+    options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
+    return {"module": recorder.module, "kernel": recorder.name, "signature": signature, "constexprs": constexprs,
+            "options": options}
+
+
+def record(monkeypatch, module, name):
+    recorder = Recorder(module, name)
+    monkeypatch.setattr(module, name, recorder)
+    return recorder
+
+
+def _plan():
+    state = list(range(3, 80))
+    prompts = [state + [100, 101], state + [102] * 20, [5, 6, 7]]
+    plan = plan_round([0, 0, 1], prompts)
+    plan.assign_slots(list(range(plan.num_segments)))
+    return plan
+
+
+def _compiled(*recorders) -> list[int]:
+    """Compile every recorded launch for sm_90 in a fresh process; launches per recorder."""
+    launches = [describe(r, a, k) for r in recorders for a, k in r.launches]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("gpu_compile.py"))],
+                          input=json.dumps(launches), capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("bytes of cubin") == len(launches)
+    return [len(r.launches) for r in recorders]
+
+
+@pytest.mark.parametrize("Hq,Hkv,D,window", [(16, 4, 256, None), (8, 2, 128, 64), (4, 4, 64, None)])
+def test_fork_attention_compiles_for_h200(monkeypatch, Hq, Hkv, D, window):
+    rec = record(monkeypatch, fat, "_fork_attention_kernel")
+    plan = _plan()
+    T = plan.num_tokens
+    q = torch.zeros(T, Hq, D, dtype=torch.bfloat16)
+    kv = torch.zeros(T, Hkv, D, dtype=torch.bfloat16)
+    fat.fork_attention_triton(q, kv, kv, plan.seg_parent, plan.seg_start, plan.seg_len, plan.seg_kv_start,
+                              plan.seg_kv_len, plan.positions, plan.kv_positions, D**-0.5, sliding_window=window)
+    assert _compiled(rec) == [1]
+
+
+def test_conv1d_and_gated_delta_rule_compile_for_h200(monkeypatch):
+    plan = _plan()
+    T, H, HV, K, V = plan.num_tokens, 16, 32, 128, 128
+    levels = plan.level_tables()
+    rec_conv = record(monkeypatch, conv, "_causal_conv1d_kernel")
+    C = 2 * H * K + HV * V
+    x = torch.zeros(T, C, dtype=torch.bfloat16)
+    pool = torch.zeros(plan.num_segments, C, 3, dtype=torch.bfloat16)
+    for level in levels:
+        conv.causal_conv1d_triton(x, torch.zeros(C, 4, dtype=torch.bfloat16), None, pool, *level, "silu")
+
+    rec_rec = record(monkeypatch, gdt, "_recurrent_kernel")
+    rec_states = record(monkeypatch, gdt, "_chunk_states_kernel")
+    q = torch.zeros(T, H, K, dtype=torch.bfloat16)
+    v = torch.zeros(T, HV, V, dtype=torch.bfloat16)
+    g, beta = torch.zeros(T, HV), torch.zeros(T, HV, dtype=torch.bfloat16)
+    states = torch.zeros(plan.num_segments, HV, K, V)
+    gdt.recurrent_gated_delta_rule_triton(q, q, v, g, beta, K**-0.5, states, *levels[0])
+    cu = torch.tensor([0, 64, T])
+    gdt.chunk_states_triton(q, q.repeat_interleave(2, dim=1), v, g, states, cu, torch.tensor([0, 1, 3]),
+                            torch.tensor([-1, 0], dtype=torch.int32), torch.tensor([1, 2], dtype=torch.int32))
+    assert _compiled(rec_conv, rec_rec, rec_states) == [len(levels), 1, 1]
