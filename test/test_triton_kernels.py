@@ -402,18 +402,15 @@ def _gdn_inputs(T, H, HV, K, V, gen):
     return q, k, v, g, beta
 
 
-@pytest.mark.parametrize("H,HV,K,V,recurrent_max_len", [(2, 4, 32, 48, 0), (1, 2, 16, 16, 0), (2, 4, 32, 48, 48)])
-def test_gdn_tree_matches_reference(monkeypatch, H, HV, K, V, recurrent_max_len):
+@pytest.mark.parametrize("H,HV,K,V", [(2, 4, 32, 48), (1, 2, 16, 16)])
+def test_gdn_tree_matches_reference(monkeypatch, H, HV, K, V):
     """The whole-tree GPU path (state-free steps once over all segments, the own
-    inter-chunk kernel level by level; with a recurrent_max_len of 48 the last
-    level of short questions runs the recurrent kernel) against the
-    level-by-level reference, with the state-free steps' references standing in
-    for fla-core's kernels."""
+    inter-chunk kernel level by level) against the level-by-level reference, with
+    the state-free steps' references standing in for fla-core's kernels."""
     import flide_ext.kernels.gated_delta_rule_triton as gdt
     from flide_ext.kernels.gated_delta_rule import gated_delta_rule_tree_ref
 
     monkeypatch.setattr(gdt, "chunk_steps", gdt.reference_steps)
-    monkeypatch.setattr(gdt, "RECURRENT_MAX_LEN", recurrent_max_len)
     chunk_pass, real_pass = [], gdt._chunk_pass
     monkeypatch.setattr(gdt, "_chunk_pass", lambda meta, *a: chunk_pass.append(len(meta.levels)) or real_pass(meta, *a))
     gen = torch.Generator().manual_seed(14)
@@ -428,7 +425,7 @@ def test_gdn_tree_matches_reference(monkeypatch, H, HV, K, V, recurrent_max_len)
     torch.testing.assert_close(pools[1], pools[0], rtol=1e-4, atol=1e-4)
     # The empty segment's slot holds its parent's state; the third level read it.
     assert torch.equal(pools[1][4], pools[1][1])
-    assert chunk_pass == [3 if recurrent_max_len == 0 else 2]  # levels in the one-batch chunk pass
+    assert chunk_pass == [3]  # one chunk pass over all three levels, not the level-by-level fallback
 
 
 def test_gdn_tree_with_rows_between_segments(monkeypatch):

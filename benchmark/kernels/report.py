@@ -44,14 +44,17 @@ def attention_table(fa: dict) -> list[str]:
 
 
 def gdn_table(gdn: dict) -> list[str]:
-    lines = ["| workload | tokens | segments | method | ms (wall) | ms (GPU kernels) | share of fla, wall | share of fla, kernels |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload | tokens | segments | method | ms (wall) | ms (GPU kernels) | ms (CUDA graph replay) | "
+             "share of fla, wall | share of fla, kernels | share of fla, graphs |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in gdn["rows"]:
         dev = f"{r['device_ms']:.3f}" if r.get("device_ms") else "-"
+        graph = f"{r['graph_ms']:.3f}" if r.get("graph_ms") else "-"
         share = f"{100 * r['share_of_fla']:.0f}%" if "share_of_fla" in r else ""
         dshare = f"{100 * r['device_share_of_fla']:.0f}%" if "device_share_of_fla" in r else ""
+        gshare = f"{100 * r['graph_share_of_fla']:.0f}%" if r.get("graph_share_of_fla") else ""
         lines.append(f"| {r['workload']} | {r['tokens']} | {r['segments']} | {r['method']} | {r['ms']:.3f} | {dev} | "
-                     f"{share} | {dshare} |")
+                     f"{graph} | {share} | {dshare} | {gshare} |")
     lines += ["", "Question level alone (32 questions, each forked from one of 4 parent states):", "",
               "| question tokens | recurrent ms (kernels) | chunk, forked states ms (kernels) | gather + fla ms (kernels) |",
               "|---|---|---|---|"]

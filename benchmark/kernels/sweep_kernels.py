@@ -8,8 +8,7 @@ the data behind ``fork_attention_triton.TILE_OVERRIDE``'s defaults and
 * The recurrent GDN kernel's (BLOCK_V, warps) on a level of 32 questions x 90.
 * A profile of the gather + fla chunk path on a level of 32 questions x 25.
 * The own inter-chunk kernel against fla's on the same WY factors.
-* The inter-chunk kernel's (BLOCK_V, warps, stages) and ``RECURRENT_MAX_LEN``,
-  timed as the whole-tree GDN pass (GPU kernel time) beside fla's chunk kernel
+* The inter-chunk kernel's (BLOCK_V, warps, stages), timed as the whole-tree GDN pass (GPU kernel time) beside fla's chunk kernel
   on the same tokens, with a per-kernel profile of both.
 
 Usage::
@@ -47,7 +46,7 @@ ATTENTION_CONFIGS = {
 RECURRENT_CONFIGS = [(16, 1), (32, 1), (32, 2), (32, 4), (64, 2), (64, 4), (128, 4), (128, 8)]
 STATES_CONFIGS = [(32, 4, 3), (32, 2, 2), (32, 4, 2), (64, 2, 2), (64, 2, 3), (64, 4, 1), (64, 4, 2), (64, 4, 3),
                   (64, 4, 4), (64, 8, 2), (64, 8, 3), (128, 4, 2), (128, 8, 2), (128, 8, 3)]
-# Settings timed as the whole tree pass (each beside both RECURRENT_MAX_LEN values).
+# Settings timed as the whole tree pass.
 TREE_STATES_CONFIGS = [(32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 8, 2)]
 
 
@@ -127,7 +126,7 @@ def sweep_states(rows):
         _, forked, _, fla_same_tokens = gdn_passes(name)
         d_fla = device_ms(fla_same_tokens)
         base = forked().float().clone()
-        variants = [(cfg, m) for cfg in TREE_STATES_CONFIGS for m in (0, 48)]
+        variants = [(cfg, default_max) for cfg in TREE_STATES_CONFIGS]
         for cfg, max_len in variants:
             gdt.STATES_CONFIG, gdt.RECURRENT_MAX_LEN = cfg, max_len
             try:

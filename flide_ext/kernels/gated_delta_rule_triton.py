@@ -44,14 +44,17 @@ from .gated_delta_rule import check_heads
 from .round_cache import round_cache
 
 # Longest segment (tokens) a level may hold and still run the recurrent kernel
-# when its segments start from parent states; longer levels run the chunked path.
+# when its segments start from parent states, where levels run one by one
+# (gated_delta_rule_forked); longer levels run the chunked path.
 RECURRENT_MAX_LEN = 48
 # (BLOCK_V, num_warps) of the recurrent kernel; chosen on the H200 by
 # benchmark/kernels/sweep_kernels.py.
 RECURRENT_CONFIG = (32, 1)
 # (BLOCK_V, num_warps, num_stages) of the inter-chunk kernel; chosen on the H200
-# by benchmark/kernels/sweep_kernels.py.
-STATES_CONFIG = (64, 4, 3)
+# by benchmark/kernels/sweep_kernels.py (whole-tree pass, RACE / QuALITY /
+# MultiRC: 99 / 97 / 103% of fla's time on the same tokens; the previous
+# (32, 4, 3): 78 / 88 / 71%).
+STATES_CONFIG = (64, 4, 2)
 
 
 @triton.jit
@@ -617,11 +620,6 @@ def chunk_steps() -> Optional[ChunkSteps]:
     return fla_steps() if fla_available() else None
 
 
-def _runs_recurrent(meta: LevelMeta) -> bool:
-    # Short forked questions: the token-by-token kernel beats a chunk pass.
-    return meta.hi == meta.lo or (meta.forked and meta.max_len <= RECURRENT_MAX_LEN)
-
-
 def gated_delta_rule_tree_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -646,10 +644,13 @@ def gated_delta_rule_tree_triton(
     chunk-state buffer. The work is fla's on the same tokens plus one inter-chunk
     launch per extra level.
 
-    Trailing levels of short forked questions (at most ``RECURRENT_MAX_LEN``
-    tokens, the last levels of most decision trees) run the own recurrent kernel
-    after the chunk pass instead. Without fla-core, or when rows lie between the
-    chunked levels' segments, the levels run one by one through
+    Every level runs chunked, short questions too: once the state-free steps are
+    shared, a level's own cost is one inter-chunk launch, and running trailing
+    levels of <= 48-token questions through the recurrent kernel instead measured
+    slower on the H200 (MultiRC 91% against 103% of fla's time on the same
+    tokens, QuALITY 81-87% against 97-102%; ``benchmark/kernels/sweep_kernels.py
+    --only states``, ``benchmark/results/kernels/``). Without fla-core, or when
+    rows lie between segments, the levels run one by one through
     :func:`gated_delta_rule_forked`.
 
     Raises:
@@ -661,10 +662,7 @@ def gated_delta_rule_tree_triton(
     check_written(state_pool=state_pool)
     levels = list(levels)
     steps = chunk_steps() if levels else None
-    n_chunked = len(levels)
-    while n_chunked and _runs_recurrent(level_meta(*levels[n_chunked - 1])):
-        n_chunked -= 1
-    meta = tree_meta(levels[:n_chunked]) if steps is not None and n_chunked else None
+    meta = tree_meta(levels) if steps is not None else None
     if meta is None:
         if out is None:
             out = torch.zeros_like(v)
@@ -672,14 +670,11 @@ def gated_delta_rule_tree_triton(
             gated_delta_rule_forked(q, k, v, g, beta, scale, state_pool, *level, use_qk_l2norm, out)
         return out
     o = _chunk_pass(meta, steps, q, k, v, g, beta, scale, state_pool, use_qk_l2norm)
-    lo, hi = meta.lo, meta.hi
-    if out is None and lo == 0 and hi == T and n_chunked == len(levels) and o.dtype == v.dtype:
-        return o  # every row is a chunked segment's row: no copy into a zeroed tensor
+    if out is None and meta.lo == 0 and meta.hi == T and o.dtype == v.dtype:
+        return o  # every row is a segment row: no copy into a zeroed tensor
     if out is None:
         out = torch.zeros_like(v)
-    out[lo:hi] = o.to(out.dtype)
-    for level in levels[n_chunked:]:
-        recurrent_gated_delta_rule_triton(q, k, v, g, beta, scale, state_pool, *level, use_qk_l2norm, out)
+    out[meta.lo:meta.hi] = o.to(out.dtype)
     return out
 
 
