@@ -387,11 +387,13 @@ def main() -> int:
     for label, step in steps:
         if args.only and not any(word in label for word in args.only):
             continue
+        t0 = time.time()
         try:
             step()
         except Exception as e:
             traceback.print_exc()
             record(f"{label}: raised", repr(e)[:300], None, False)
+        print(f"step {label}: {time.time() - t0:.0f} s", flush=True)
         Path(args.out).write_text(json.dumps({"info": info, "checks": results}, indent=1))
     failed = [r["check"] for r in results if not r["pass"]]
     print(f"{len(results) - len(failed)}/{len(results)} checks passed", flush=True)
