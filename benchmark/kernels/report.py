@@ -1,5 +1,7 @@
 """Tables and a plot from the kernel runs' JSON files (``check_kernels.py``,
-``bench_fork_attention.py``, ``bench_gdn.py``) in one results folder.
+``bench_fork_attention.py``, ``bench_gdn.py``) in one results folder; when
+present, also ``check_4b.json`` (the 4B whole-model check run as its own step),
+``states_vs_fla.json`` and ``sweep_tree.json`` (``sweep_kernels.py``).
 
 Usage::
 
@@ -23,6 +25,39 @@ def load(folder: Path, name: str) -> dict:
         return json.loads((folder / name).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise SystemExit(f"report: cannot read {folder / name}: {e}")
+
+
+def load_optional(folder: Path, name: str):
+    return load(folder, name) if (folder / name).exists() else None
+
+
+def sweep_tables(states: dict | None, tree: dict | None) -> list[str]:
+    lines = []
+    if states:
+        lines += ["Inter-chunk kernel alone, own (forked-state) against fla's `chunk_gated_delta_rule_fwd_h` on the "
+                  "same WY factors (GPU kernel ms):", "",
+                  "| (BLOCK_V, warps, stages) | " + " | ".join(dict.fromkeys(r["workload"] for r in states["rows"])) + " |"]
+        workloads = list(dict.fromkeys(r["workload"] for r in states["rows"]))
+        lines.append("|---|" + "---|" * len(workloads))
+        fla = {r["workload"]: r["fla_device_ms"] for r in states["rows"]}
+        for cfg in dict.fromkeys(tuple(r["config"]) for r in states["rows"]):
+            cells = [next((f"{r['device_ms']:.3f} ({100 * fla[w] / r['device_ms']:.0f}% of fla)"
+                           for r in states["rows"] if r["workload"] == w and tuple(r["config"]) == cfg), "-")
+                     for w in workloads]
+            lines.append(f"| {cfg} | " + " | ".join(cells) + " |")
+        lines.append("| fla fwd_h | " + " | ".join(f"{fla[w]:.3f}" for w in workloads) + " |")
+        lines.append("")
+    rows = [r for r in (tree or {}).get("rows", []) if r.get("kernel") in ("gdn_tree", "gdn_forked")]
+    if rows:
+        lines += ["Whole GDN pass by inter-chunk setting and `RECURRENT_MAX_LEN` (GPU kernel ms; share of fla's "
+                  "chunk kernel on the same tokens):", "",
+                  "| workload | (BLOCK_V, warps, stages) | recurrent max len | ms | share of fla |", "|---|---|---|---|---|"]
+        for r in rows:
+            d = f"{r['device_ms']:.3f}" if r.get("device_ms") else "-"
+            share = f"{100 * r['share_of_fla']:.0f}%" if r.get("share_of_fla") else "-"
+            lines.append(f"| {r['workload']} | {tuple(r['states_config'])} | {r['recurrent_max_len']} | {d} | {share} |")
+        lines.append("")
+    return lines
 
 
 def attention_table(fa: dict) -> list[str]:
@@ -122,13 +157,16 @@ def main() -> int:
     parser.add_argument("folder", type=Path)
     args = parser.parse_args()
     fa, gdn, checks = (load(args.folder, n) for n in ("fork_attention.json", "gdn.json", "check_kernels.json"))
-    lines = ["Made by `python benchmark/kernels/report.py` from check_kernels.json, fork_attention.json and "
-             "gdn.json in this folder.", "",
+    extra = load_optional(args.folder, "check_4b.json")
+    if extra:
+        checks["checks"] += extra["checks"]
+    sweeps = sweep_tables(load_optional(args.folder, "states_vs_fla.json"), load_optional(args.folder, "sweep_tree.json"))
+    lines = ["Made by `python benchmark/kernels/report.py` from the JSON files in this folder.", "",
              f"Device: {checks['info']['device']}, torch {checks['info']['torch']}, triton "
              f"{checks['info'].get('triton')}; fla-core installed: {checks['info']['fla']}. "
              f"Ceilings measured in the attention run: bf16 matmul {fa['ceilings']['matmul_tflops_bf16']:.0f} TFLOP/s, "
              f"copy {fa['ceilings']['copy_gbps']:.0f} GB/s.", "", "## Correctness", "", *check_table(checks),
-             "", "## ForkAttention", "", *attention_table(fa), "", "## GDN state forking", "", *gdn_table(gdn), ""]
+             "", "## ForkAttention", "", *attention_table(fa), "", "## GDN state forking", "", *gdn_table(gdn), "", *sweeps]
     (args.folder / "tables.md").write_text("\n".join(lines))
     plot(fa, gdn, args.folder / "kernels.png")
     print(f"wrote {args.folder / 'tables.md'} and {args.folder / 'kernels.png'}")
