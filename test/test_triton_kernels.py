@@ -467,3 +467,77 @@ def test_causal_conv1d_long_segments_match_reference():
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
     assert not outs[1].isnan().any()
     torch.testing.assert_close(pools[1][[0, 1, 2, 3, 4, 6, 7]], pools[0][[0, 1, 2, 3, 4, 6, 7]], rtol=0, atol=0)
+
+
+def test_round_metadata_built_once_for_the_deepest_tree(monkeypatch):
+    """Every layer of a round asks for the same per-level metadata; at the deepest
+    tree allowed (16 levels) each table is still built once per round, not once
+    per layer (each build waits for the device on a GPU)."""
+    import flide_ext.kernels.causal_conv1d_triton as conv
+    import flide_ext.kernels.gated_delta_rule_triton as gdt
+    from flide_ext.tree import MAX_TREE_DEPTH
+
+    monkeypatch.setattr(gdt, "chunk_steps", gdt.reference_steps)
+    builds = {"level": 0, "tree": 0, "blocks": 0}
+
+    def counted(name, fn):
+        return lambda *a, **kw: builds.__setitem__(name, builds[name] + 1) or fn(*a, **kw)
+
+    monkeypatch.setattr(gdt, "_level_meta", counted("level", gdt._level_meta))
+    monkeypatch.setattr(gdt, "_tree_meta", counted("tree", gdt._tree_meta))
+    monkeypatch.setattr(conv, "_blocks", counted("blocks", conv._blocks))
+    depth = MAX_TREE_DEPTH + 1
+    t = torch.tensor
+    levels = [(t([0]), t([20]), t([-1]), t([0]))]
+    levels += [(t([20 + 3 * (i - 1)]), t([3]), t([i - 1]), t([i])) for i in range(1, depth)]
+    T = 20 + 3 * (depth - 1)
+    gen = torch.Generator().manual_seed(17)
+    q, k, v, g, beta = _gdn_inputs(T, 1, 2, 16, 16, gen)
+    x, w = torch.randn(T, 8, generator=gen), torch.randn(8, 4, generator=gen)
+    for _layer in range(3):
+        conv_pool, pool = torch.zeros(depth, 8, 3), torch.zeros(depth, 2, 16, 16)
+        for level in levels:
+            conv.causal_conv1d_triton(x, w, None, conv_pool, *level, "silu")
+        gdt.gated_delta_rule_tree_triton(q, k, v, g, beta, 0.25, pool, levels)
+    assert builds == {"level": depth, "tree": 1, "blocks": depth}
+
+
+def test_gdn_tree_strided_out_and_values(monkeypatch):
+    """A strided ``out`` and strided (permuted) values are accepted on both the
+    one-batch path and the level-by-level fallback, as by the reference."""
+    import flide_ext.kernels.gated_delta_rule_triton as gdt
+    from flide_ext.kernels.gated_delta_rule import gated_delta_rule_tree_ref
+
+    gen = torch.Generator().manual_seed(18)
+    q, k, _, g, beta = _gdn_inputs(TREE_ROWS, 2, 4, 16, 16, gen)
+    v = torch.randn(4, TREE_ROWS, 16, generator=gen).transpose(0, 1)  # dense, not contiguous
+    want = gated_delta_rule_tree_ref(q, k, v, g, beta, 0.25, torch.zeros(8, 4, 16, 16), _tree_levels())
+    for steps in (None, gdt.reference_steps):
+        if steps is not None:
+            monkeypatch.setattr(gdt, "chunk_steps", steps)
+        got = gdt.gated_delta_rule_tree_triton(q, k, v, g, beta, 0.25, torch.zeros(8, 4, 16, 16), _tree_levels())
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        out = torch.zeros(4, TREE_ROWS, 16).transpose(0, 1)
+        gdt.gated_delta_rule_tree_triton(q, k, v, g, beta, 0.25, torch.zeros(8, 4, 16, 16), _tree_levels(), out=out)
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+
+
+def test_chunk_states_strided_inputs():
+    """Dense but permuted WY factors: the kernel reads contiguous copies and
+    writes its own (contiguous) outputs."""
+    from flide_ext.kernels.gated_delta_rule import chunk_states_ref
+    from flide_ext.kernels.gated_delta_rule_triton import chunk_states_triton
+
+    gen = torch.Generator().manual_seed(19)
+    T, H, HV, K, V = 40, 1, 2, 16, 16
+    k = torch.nn.functional.normalize(torch.randn(T, H, K, generator=gen), dim=-1)
+    w = torch.randn(HV, T, K, generator=gen).transpose(0, 1) * 0.1
+    u = torch.randn(HV, T, V, generator=gen).transpose(0, 1)
+    g_cum = -torch.rand(T, HV, generator=gen).cumsum(0) * 0.01
+    tables = (torch.tensor([0, T]), torch.tensor([0, 3]), torch.tensor([-1]), torch.tensor([0]))
+    pools = [torch.zeros(1, HV, K, V) for _ in range(2)]
+    want = chunk_states_ref(k, w, u, g_cum, pools[0], *tables, 16)
+    got = chunk_states_triton(k, w, u, g_cum, pools[1], *tables, 16)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pools[1], pools[0], rtol=1e-5, atol=1e-5)

@@ -124,7 +124,7 @@ def causal_conv1d_triton(
     if x.stride(1) != 1:
         x = x.contiguous()
     if out is None:
-        out = torch.zeros_like(x)
+        out = x.new_zeros(x.shape)
     check_written(out=out, conv_pool=conv_pool)
     S = seg_start.numel()
     if S == 0:

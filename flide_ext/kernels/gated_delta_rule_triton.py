@@ -219,7 +219,7 @@ def chunk_states_triton(
     if h is None:
         h = torch.empty(NT, HV, DK, DV, dtype=k.dtype, device=k.device)
     if v_new is None:
-        v_new = torch.empty_like(u)
+        v_new = u.new_empty(u.shape)
     check_written(state_pool=state_pool, h=h, v_new=v_new)
     N = initial_slot.numel()
     if N == 0:
@@ -266,7 +266,7 @@ def recurrent_gated_delta_rule_triton(
     H, DK = k.shape[1], k.shape[2]
     check_heads(H, HV)
     if out is None:
-        out = torch.zeros_like(v)
+        out = v.new_zeros(v.shape)
     check_written(out=out, state_pool=state_pool)
     S = seg_start.numel()
     if S == 0:
@@ -413,7 +413,7 @@ def chunk_gated_delta_rule_forked(
     from fla.ops.utils.constant import RCP_LN2
 
     if out is None:
-        out = torch.zeros_like(v)
+        out = v.new_zeros(v.shape)
     meta = level_meta(seg_start, seg_len, initial_slot, final_slot)
     _pass_through(meta, state_pool)
     if meta.hi == meta.lo:
@@ -460,7 +460,7 @@ def chunk_gated_delta_rule_fla(
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
 
     if out is None:
-        out = torch.zeros_like(v)
+        out = v.new_zeros(v.shape)
     meta = level_meta(seg_start, seg_len, initial_slot, final_slot)
     _pass_through(meta, state_pool)
     if meta.hi == meta.lo:
@@ -506,7 +506,7 @@ def gated_delta_rule_forked(
     every level (see the module docstring)."""
     args = (q, k, v, g, beta, scale, state_pool, seg_start, seg_len, initial_slot, final_slot, use_qk_l2norm, out)
     if seg_start.numel() == 0:
-        return out if out is not None else torch.zeros_like(v)
+        return out if out is not None else v.new_zeros(v.shape)
     meta = level_meta(seg_start, seg_len, initial_slot, final_slot)
     if fla_available() and not (meta.forked and meta.max_len <= RECURRENT_MAX_LEN):
         return chunk_gated_delta_rule_forked(*args)
@@ -664,16 +664,19 @@ def gated_delta_rule_tree_triton(
     steps = chunk_steps() if levels else None
     meta = tree_meta(levels) if steps is not None else None
     if meta is None:
-        if out is None:
-            out = torch.zeros_like(v)
+        # The level kernels write rows in place: into a contiguous buffer, copied
+        # back when the caller's ``out`` is strided.
+        work = v.new_zeros(v.shape) if out is None else out if out.is_contiguous() else out.contiguous()
         for level in levels:
-            gated_delta_rule_forked(q, k, v, g, beta, scale, state_pool, *level, use_qk_l2norm, out)
-        return out
+            gated_delta_rule_forked(q, k, v, g, beta, scale, state_pool, *level, use_qk_l2norm, work)
+        if out is not None and work is not out:
+            out.copy_(work)
+        return work if out is None else out
     o = _chunk_pass(meta, steps, q, k, v, g, beta, scale, state_pool, use_qk_l2norm)
     if out is None and meta.lo == 0 and meta.hi == T and o.dtype == v.dtype:
         return o  # every row is a segment row: no copy into a zeroed tensor
     if out is None:
-        out = torch.zeros_like(v)
+        out = v.new_zeros(v.shape)
     out[meta.lo:meta.hi] = o.to(out.dtype)
     return out
 
@@ -689,7 +692,7 @@ def _chunk_pass(meta: TreeMeta, steps: ChunkSteps, q, k, v, g, beta, scale, stat
     g_cum = steps.local_cumsum(g[lo:hi], cu, ci)
     w, u = steps.wy(ks, vs, g_cum, beta[lo:hi], cu, ci)
     h = torch.empty(meta.num_chunks, v.shape[1], k.shape[2], v.shape[2], dtype=ks.dtype, device=v.device)
-    v_new = torch.empty_like(u)
+    v_new = u.new_empty(u.shape)
     for level, c0 in meta.levels:
         _pass_through(level, state_pool)
         if level.hi == level.lo:

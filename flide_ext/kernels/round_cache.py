@@ -23,10 +23,13 @@ class RoundCache:
     """A small LRU map from (kind, tensors by identity) to derived metadata.
 
     Args:
-        capacity: entries kept (a round has a few: one per tree level and kind).
+        capacity: entries kept. A round has about two per tree level (GDN level
+            tables, conv row blocks) and a few more (ForkAttention paths, the GDN
+            tree), up to ~36 at the deepest tree (``MAX_TREE_DEPTH``); every layer
+            asks for all of them, so the cache must hold a whole round's.
     """
 
-    def __init__(self, capacity: int = 16):
+    def __init__(self, capacity: int = 64):
         self.capacity = capacity
         self._entries: OrderedDict = OrderedDict()
 
