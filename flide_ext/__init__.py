@@ -8,6 +8,7 @@ from .errors import FlideError, ModelLoadError, RequestError
 from .plan import FlatPlan, plan_round
 from .requests import TokenAnswer, TokenRequest
 from .runtime.engine import Engine, RoundStats
+from .runtime.rounds import RoundCapacity
 
 __all__ = [
     "Engine",
@@ -15,6 +16,7 @@ __all__ = [
     "FlideError",
     "ModelLoadError",
     "RequestError",
+    "RoundCapacity",
     "RoundStats",
     "TokenAnswer",
     "TokenRequest",

@@ -210,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--random-seed", type=int)
     serve.add_argument("--context-length", type=int)
     serve.add_argument("--served-model-name")
+    serve.add_argument("--round-tokens", type=int, help="most flat-stream tokens per round (default: 65536)")
+    serve.add_argument("--round-segments", type=int, help="most prefix-tree segments per round (default: 4096)")
+    serve.add_argument("--max-round-requests", type=int, help="most requests per round (default: 256)")
     serve.set_defaults(func=run_serve)
     return parser
 

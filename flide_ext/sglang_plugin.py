@@ -4,8 +4,9 @@ With Flide installed, ``python -m sglang.launch_server --help`` lists
 ``--decision-mode``, and ``python -m sglang.launch_server --decision-mode
 --model-path M [flags]`` starts Flide's decision server instead of SGLang's
 engine, with SGLang's own flags mapped: model and tokenizer path, host, port,
-dtype, device, API key, random seed, context length, served model name, and the
-CUDA-graph and deterministic switches. Any other flag set away from its default
+dtype, device, API key, random seed, context length, served model name,
+``--max-prefill-tokens`` (a round's token capacity), ``--max-running-requests``
+(a round's request capacity), and the CUDA-graph and deterministic switches. Any other flag set away from its default
 is refused with a message naming it (Flide does not silently ignore a setting).
 """
 
@@ -16,7 +17,7 @@ import sys
 
 MAPPED = {
     "model_path", "tokenizer_path", "host", "port", "dtype", "device", "api_key", "random_seed",
-    "context_length", "served_model_name", "decision_mode",
+    "context_length", "served_model_name", "decision_mode", "max_prefill_tokens", "max_running_requests",
 }
 # Accepted without effect: the CPU reference has no CUDA graphs and is already
 # batch-invariant (bitwise the same answer at any load).
@@ -76,7 +77,18 @@ def serve_args(args: argparse.Namespace):
         random_seed=args.random_seed,
         context_length=args.context_length,
         served_model_name=args.served_model_name,
+        **_capacity(args),
     )
+
+
+def _capacity(args: argparse.Namespace) -> dict:
+    # SGLang's prefill-batch limits become the round's capacities when set.
+    defaults, out = _defaults(), {}
+    if getattr(args, "max_prefill_tokens", None) not in (None, defaults.get("max_prefill_tokens")):
+        out["round_tokens"] = args.max_prefill_tokens
+    if getattr(args, "max_running_requests", None) is not None:
+        out["max_round_requests"] = args.max_running_requests
+    return out
 
 
 def _around_from_cli_args(original, *call_args, **kwargs):

@@ -50,7 +50,7 @@ def server(char_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "flide_ext.cli", "serve", "--model-path", str(char_model_dir), "--port", str(port),
-         "--api-key", KEY, "--context-length", "400"],
+         "--api-key", KEY, "--context-length", "400", "--round-tokens", "3000"],
         stdout=open(log, "w"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
     url = f"http://127.0.0.1:{port}"
@@ -145,6 +145,9 @@ BAD = {
     "label not one token": ({"input": "x", "questions": [{"id": "y", "type": "yes_no", "question": "Is it?"}]}, "questions[0]"),
     "input over the context length": ({"input": "word " * 100, "questions": [choice("a")]}, "input"),
     "empty input": ({"input": "", "questions": [choice("a")]}, "input"),
+    # Each prompt fits the context; together they need more than one round (3000 tokens).
+    "questions over a round's capacity": (
+        {"input": "x", "questions": [choice(f"q{i}", 2, f"Pick {i} " + "z" * 150) for i in range(30)]}, "questions"),
 }
 
 

@@ -53,3 +53,25 @@ def test_launch_server_decision_mode_answers_like_the_engine(char_model_dir, tmp
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_prefill_limits_become_round_capacities():
+    """SGLang's --max-prefill-tokens and --max-running-requests set a round's
+    token and request capacity (and are not refused); left at their defaults,
+    Flide's own capacities apply."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    from flide_ext.server.launch import ServeArgs
+    from flide_ext.sglang_plugin import refused_flags, serve_args
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(["--model-path", "m", "--device", "cpu", "--max-prefill-tokens", "5000",
+                              "--max-running-requests", "7"])
+    assert refused_flags(args) == []
+    mapped = serve_args(args)
+    assert (mapped.round_tokens, mapped.max_round_requests) == (5000, 7)
+    plain = serve_args(parser.parse_args(["--model-path", "m", "--device", "cpu"]))
+    assert (plain.round_tokens, plain.max_round_requests) == (ServeArgs.round_tokens, ServeArgs.max_round_requests)

@@ -22,6 +22,7 @@ from ..models.loader import load_model
 from ..plan import Resume, plan_round
 from ..requests import TokenAnswer, TokenRequest, check_token_request, parse_token_request
 from .checkpoints import Checkpoint, CheckpointStore, concat_kv
+from .rounds import RoundCapacity, pack_round, request_size
 from .state_pool import StatePool
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -78,6 +79,15 @@ class RoundStats:
     def tokens_saved(self) -> int:
         return self.prompt_tokens - self.stream_tokens
 
+    def plus(self, other: "RoundStats") -> "RoundStats":
+        """Two rounds' stats together (counts add; levels is the deeper one's)."""
+        return RoundStats(
+            requests=self.requests + other.requests, questions=self.questions + other.questions,
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens, stream_tokens=self.stream_tokens + other.stream_tokens,
+            segments=self.segments + other.segments, levels=max(self.levels, other.levels),
+            resumed_tokens=self.resumed_tokens + other.resumed_tokens,
+        )
+
 
 class Engine:
     """Flide's decision engine over one model.
@@ -94,6 +104,10 @@ class Engine:
             evicted first); requests resume from them automatically.
         checkpoint_max_tokens: total tokens all kept checkpoints may cover (their
             K/V memory), evicting least recently used first.
+        round_capacity: most stream tokens, segments and requests per round
+            (:class:`~flide_ext.runtime.rounds.RoundCapacity`); the batch methods
+            split their requests into rounds within it and refuse a request no
+            round can hold.
 
     Raises:
         ModelLoadError: the model cannot be found or loaded, or the device does not exist.
@@ -112,6 +126,7 @@ class Engine:
         tokenizer_path: Optional[str] = None,
         checkpoint_capacity: int = 64,
         checkpoint_max_tokens: int = 1 << 18,
+        round_capacity: Optional[RoundCapacity] = None,
     ):
         if isinstance(dtype, str):
             if dtype not in _DTYPES:
@@ -122,6 +137,7 @@ class Engine:
         for name, value in (("checkpoint_capacity", checkpoint_capacity), ("checkpoint_max_tokens", checkpoint_max_tokens)):
             if type(value) is not int or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer, not {value!r}")
+        self.round_capacity = round_capacity or RoundCapacity()
         self.device = _check_device(device)
         self.path = resolve_model_path(model_path)
         self.dtype = dtype
@@ -308,21 +324,17 @@ class Engine:
                 parsed.append(req)
             except RequestError as e:
                 parsed.append(e)
-        good = [r for r in parsed if isinstance(r, TokenRequest)]
-        scored = iter(
-            self.run_round(
-                [(r.prompts, [r.labels_for(i) for i in range(len(r.prompts))]) for r in good],
-                [r.checkpoint for r in good],
-            )
-        )
-        details = iter(self.last_checkpoints)
+        sized = self._sized(parsed, lambda r: r.prompts, "prompts")
+        answered = iter(self._run_in_rounds(
+            [(r.prompts, [r.labels_for(i) for i in range(len(r.prompts))]) for r in sized if isinstance(r, TokenRequest)],
+            [r.checkpoint for r in sized if isinstance(r, TokenRequest)],
+        ))
         out: List[Union[TokenAnswer, RequestError]] = []
-        for req in parsed:
+        for req in sized:
             if isinstance(req, RequestError):
                 out.append(req)
                 continue
-            logprobs = next(scored)
-            resumed_tokens, kept_tokens = next(details)
+            logprobs, (resumed_tokens, kept_tokens) = next(answered)
             out.append(
                 TokenAnswer(
                     label_logprobs=logprobs,
@@ -334,6 +346,37 @@ class Engine:
                 )
             )
         return out
+
+    def _sized(self, items: list, prompts_of, field: str) -> list:
+        # Each request no round can hold becomes its RequestError, in place.
+        out = []
+        for item in items:
+            if not isinstance(item, RequestError):
+                try:
+                    self.round_capacity.check(request_size(prompts_of(item)), field)
+                except RequestError as e:
+                    item = e
+            out.append(item)
+        return out
+
+    def _run_in_rounds(self, groups: list, keep_state: list) -> list:
+        """Run requests in as many rounds as the capacity needs, packed in order
+        (:func:`~flide_ext.runtime.rounds.pack_round`); per request
+        ``(label log-probabilities, (resumed_tokens, kept_tokens))``."""
+        sizes = [request_size(prompts) for prompts, _ in groups]
+        results: list = [None] * len(groups)
+        waiting = list(range(len(groups)))
+        total = RoundStats()
+        while waiting:
+            taken = [waiting[j] for j in pack_round([sizes[i] for i in waiting], self.round_capacity)]
+            answers = self.run_round([groups[i] for i in taken], [keep_state[i] for i in taken])
+            for i, logprobs, details in zip(taken, answers, self.last_checkpoints):
+                results[i] = (logprobs, details)
+            chosen = set(taken)
+            waiting = [i for i in waiting if i not in chosen]
+            total = total.plus(self.last_round)
+        self.last_round = total  # the batch's rounds together
+        return results
 
     # -- SGLang /v1/decisions form ---------------------------------------------
 
@@ -366,15 +409,15 @@ class Engine:
                 prepared.append((req, renderer.encode(req)))
             except RequestError as e:
                 prepared.append(e)
+        prepared = self._sized(prepared, lambda p: [q.prompt_ids for q in p[1]], "questions")
         good = [p for p in prepared if not isinstance(p, RequestError)]
-        scored = iter(
-            self.run_round([([q.prompt_ids for q in enc], [q.label_ids for q in enc]) for _, enc in good])
-        )
+        scored = iter(self._run_in_rounds([([q.prompt_ids for q in enc], [q.label_ids for q in enc]) for _, enc in good],
+                                          [False] * len(good)))
         out = []
         for item in prepared:
             if isinstance(item, RequestError):
                 out.append(item)
             else:
                 req, enc = item
-                out.append(renderer.respond(req, enc, next(scored)))
+                out.append(renderer.respond(req, enc, next(scored)[0]))
         return out

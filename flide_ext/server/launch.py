@@ -26,6 +26,8 @@ class ServeArgs:
     context_length: Optional[int] = None
     served_model_name: Optional[str] = None
     max_round_requests: int = 256
+    round_tokens: int = 65536
+    round_segments: int = 4096
     log_level: str = "warning"
 
 
@@ -34,6 +36,7 @@ def serve(args: ServeArgs) -> None:
 
     Raises:
         FlideError: the model or tokenizer cannot be loaded.
+        ValueError: a round capacity below 1.
     """
     import shutil
 
@@ -43,6 +46,7 @@ def serve(args: ServeArgs) -> None:
     from transformers import AutoTokenizer
 
     from ..builtin_models import resolve_model_path
+    from ..runtime.rounds import RoundCapacity
     from .http_server import ServerInfo, build_app
     from .metrics import Metrics
     from .scheduler import run_scheduler
@@ -60,10 +64,11 @@ def serve(args: ServeArgs) -> None:
     sync = zmq.Context()
     waiting = sync.socket(zmq.PULL)
     waiting.bind(done_addr)
+    capacity = RoundCapacity(args.round_tokens, args.round_segments, args.max_round_requests)
     engine_kwargs = dict(model_path=path, dtype=args.dtype, device=args.device, context_length=args.context_length,
                          tokenizer_path=args.tokenizer_path)
     scheduler = multiprocessing.get_context("spawn").Process(
-        target=run_scheduler, args=(engine_kwargs, work_addr, done_addr, args.max_round_requests), daemon=True
+        target=run_scheduler, args=(engine_kwargs, work_addr, done_addr, capacity), daemon=True
     )
     scheduler.start()
     ready = waiting.recv_pyobj()
@@ -78,7 +83,8 @@ def serve(args: ServeArgs) -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or path)
     metrics = Metrics()
     served = args.served_model_name or args.model_path
-    manager = TokenizerManager(tokenizer, ready.context_length, ready.vocab_size, work_addr, done, metrics, served)
+    manager = TokenizerManager(tokenizer, ready.context_length, ready.vocab_size, work_addr, done, metrics, served,
+                               capacity)
     info = ServerInfo(path, args.served_model_name or args.model_path, ready.context_length, ready.vocab_size,
                       args.dtype, args.device, args.api_key)
     app = build_app(manager, info, metrics)

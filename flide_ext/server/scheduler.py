@@ -1,8 +1,10 @@
 """The scheduler process: owns the Engine, packs waiting requests into rounds.
 
-Every request that is waiting when a round starts joins it (up to
-``max_round_requests``), so no request waits behind a round that could have
-held it. Each round is one flat stream (``Engine.run_round``).
+When a round starts, every waiting request that still fits the round's token,
+segment and request capacity joins it, in arrival order
+(:func:`flide_ext.runtime.rounds.pack_round`), so no request waits behind a
+round that could have held it; the rest wait for the next round, with whatever
+arrived meanwhile. Each round is one flat stream (``Engine.run_round``).
 """
 
 from __future__ import annotations
@@ -13,19 +15,23 @@ import traceback
 
 import zmq
 
+from ..errors import RequestError
+from ..runtime.rounds import RequestSize, RoundCapacity, pack_round, request_size
 from .io_struct import SchedulerReady, ScoreDone, ScoreWork
 
 logger = logging.getLogger(__name__)
 
 
-def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, max_round_requests: int = 256) -> None:
+def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity: RoundCapacity = RoundCapacity()) -> None:
     """Process entry point: load the model, then serve rounds forever.
 
     Args:
         engine_kwargs: keyword arguments of :class:`flide_ext.Engine`.
         work_addr: ZMQ address the tokenizer manager pushes ScoreWork to (bound here).
         done_addr: ZMQ address ScoreDone results are pushed to (bound by the manager).
-        max_round_requests: most requests in one round.
+        capacity: most stream tokens, segments and requests per round. The
+            tokenizer manager refuses requests larger than a round (HTTP 400);
+            one that arrives anyway is answered with an error, not run.
     """
     context = zmq.Context()
     work = context.socket(zmq.PULL)
@@ -35,23 +41,35 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, max_round
     try:
         from ..runtime.engine import Engine
 
-        engine = Engine(**engine_kwargs)
+        engine = Engine(**engine_kwargs, round_capacity=capacity)
     except Exception as e:  # report any start failure to the parent, then stop
         done.send_pyobj(RuntimeError(f"{type(e).__name__}: {e}"))
         return
     done.send_pyobj(SchedulerReady(engine.vocab_size, engine.context_length, {"path": str(engine.path)}))
     parent = os.getppid()
+    waiting: list[tuple[ScoreWork, RequestSize]] = []
     while True:
         # Wake up now and then to notice a parent that died without stopping us.
-        while not work.poll(1000):
+        while not waiting and not work.poll(1000):
             if os.getppid() != parent:
                 return
-        batch = [work.recv_pyobj()]
-        while len(batch) < max_round_requests:
+        while True:
             try:
-                batch.append(work.recv_pyobj(zmq.NOBLOCK))
+                w = work.recv_pyobj(zmq.NOBLOCK)
             except zmq.Again:
                 break
+            size = request_size(w.prompts)
+            try:
+                capacity.check(size)
+            except RequestError as e:
+                done.send_pyobj(ScoreDone(w.rid, error=str(e)))
+                continue
+            waiting.append((w, size))
+        if not waiting:
+            continue
+        taken = set(pack_round([size for _, size in waiting], capacity))
+        batch = [w for i, (w, _) in enumerate(waiting) if i in taken]
+        waiting = [item for i, item in enumerate(waiting) if i not in taken]
         try:
             results = engine.run_round([(w.prompts, w.labels) for w in batch], [w.keep_state for w in batch])
             stream = engine.last_request_stream_tokens

@@ -14,6 +14,7 @@ import zmq.asyncio
 from ..decisions import DecisionRenderer, label_probabilities, parse_decision_request
 from ..errors import RequestError
 from ..requests import TokenRequest, check_token_request
+from ..runtime.rounds import RoundCapacity, request_size
 from .io_struct import ScoreDone, ScoreWork
 from .metrics import Metrics
 
@@ -31,10 +32,11 @@ class TokenizerManager:
         done_addr: this manager's ZMQ PULL address for results.
         metrics: Prometheus metrics to update.
         served_model_name: the model name System One responses carry.
+        capacity: the scheduler's round capacity; larger requests are refused here.
     """
 
     def __init__(self, tokenizer, context_length: int, vocab_size: int, work_addr: str, done_socket, metrics: Metrics,
-                 served_model_name: str = "default"):
+                 served_model_name: str = "default", capacity: RoundCapacity = RoundCapacity()):
         from ..systemone import SystemOneRenderer
 
         self.tokenizer = tokenizer
@@ -49,6 +51,7 @@ class TokenizerManager:
         self.pending: dict[int, asyncio.Future] = {}
         self.rids = itertools.count()
         self.metrics = metrics
+        self.capacity = capacity
         self._receiver: Optional[asyncio.Task] = None
 
     def start(self) -> None:
@@ -62,8 +65,14 @@ class TokenizerManager:
             if future is not None and not future.done():  # a client may have gone away
                 future.set_result(done)
 
-    async def score(self, prompts: List[List[int]], labels: List[List[int]], keep_state: bool = False) -> ScoreDone:
-        """Run one request's prompts in the scheduler's next round."""
+    async def score(self, prompts: List[List[int]], labels: List[List[int]], keep_state: bool = False,
+                    field: str = "prompts") -> ScoreDone:
+        """Run one request's prompts in the scheduler's next round.
+
+        Raises:
+            RequestError: on ``field``, when no round can hold the request.
+        """
+        self.capacity.check(request_size(prompts), field)
         self.start()
         rid = next(self.rids)
         future = asyncio.get_running_loop().create_future()
@@ -82,14 +91,14 @@ class TokenizerManager:
         """A ``/v1/decisions`` body -> SGLang DecisionResponse. Raises RequestError."""
         request = parse_decision_request(body)
         encoded = self.renderer.encode(request)
-        done = await self.score([q.prompt_ids for q in encoded], [q.label_ids for q in encoded])
+        done = await self.score([q.prompt_ids for q in encoded], [q.label_ids for q in encoded], field="questions")
         return self.renderer.respond(request, encoded, done.label_logprobs)
 
     async def decide_systemone(self, body):
         """A ``/v1/systemone`` body -> SGLang SystemOneResponse. Raises RequestError."""
         request = self.systemone.parse(body)
         views, encoded = self.systemone.encode(request)
-        done = await self.score([q.prompt_ids for q in encoded], [q.label_ids for q in encoded])
+        done = await self.score([q.prompt_ids for q in encoded], [q.label_ids for q in encoded], field="questions")
         return self.systemone.respond(request, views, encoded, done.label_logprobs)
 
     def _ids(self, value, field: str, special: bool) -> List[int]:
@@ -139,7 +148,7 @@ class TokenizerManager:
         except RequestError as e:
             raise RequestError(e.field.replace("prompts", "items"), e.message) from None
         label_lists = [labels[i] if per_item else labels for i in range(len(prompts))]
-        done = await self.score(prompts, label_lists)
+        done = await self.score(prompts, label_lists, field="items")
         if request.apply_softmax:
             scores = [label_probabilities(lp, request.temperature) for lp in done.label_logprobs]
         else:

@@ -1,0 +1,71 @@
+"""Rounds under a token and a segment capacity (flide_ext/runtime/rounds.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flide_ext.errors import RequestError
+from flide_ext.plan import plan_round
+from flide_ext.runtime.rounds import RequestSize, RoundCapacity, pack_round, request_size
+
+
+def test_request_size_is_the_requests_plan():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        state = torch.randint(0, 9, (int(torch.randint(1, 30, (1,), generator=gen)),), generator=gen).tolist()
+        prompts = [state + torch.randint(0, 9, (int(torch.randint(0, 6, (1,), generator=gen)),), generator=gen).tolist()
+                   for _ in range(int(torch.randint(1, 6, (1,), generator=gen)))]
+        plan = plan_round([0] * len(prompts), prompts)
+        assert request_size(prompts) == RequestSize(plan.num_tokens, plan.num_segments)
+
+
+def test_pack_round_takes_every_request_that_still_fits():
+    cap = RoundCapacity(tokens=100, segments=10, requests=3)
+    sizes = [RequestSize(60, 2), RequestSize(50, 2), RequestSize(40, 3), None, RequestSize(1, 1), RequestSize(1, 1)]
+    # 60 fits; 50 would make 110: waits; 40 fits (100); the refused one is skipped;
+    # the 1-token one no longer fits the tokens.
+    assert pack_round(sizes, cap) == [0, 2]
+    # The segment capacity binds the same way, and the request capacity.
+    assert pack_round([RequestSize(1, 6), RequestSize(1, 6), RequestSize(1, 4)], cap) == [0, 2]
+    assert pack_round([RequestSize(1, 1)] * 5, cap) == [0, 1, 2]
+    assert pack_round([], cap) == []
+
+
+def test_capacity_checks():
+    cap = RoundCapacity(tokens=10, segments=2)
+    cap.check(RequestSize(10, 2))
+    with pytest.raises(RequestError, match="needs 11 stream tokens in 1 segments") as e:
+        cap.check(RequestSize(11, 1), "questions")
+    assert e.value.field == "questions"
+    with pytest.raises(RequestError, match="2 segments"):
+        cap.check(RequestSize(3, 3))
+    for bad in ({"tokens": 0}, {"segments": -1}, {"requests": 1.5}, {"tokens": True}):
+        with pytest.raises(ValueError, match="positive integer"):
+            RoundCapacity(**bad)
+
+
+def test_engine_splits_batches_into_rounds_and_refuses_oversized(tiny_dirs):
+    """A batch larger than a round runs as several rounds with the same answers;
+    a request no round can hold gets its RequestError and the others are answered."""
+    from flide_ext import Engine
+
+    gen = torch.Generator().manual_seed(1)
+    state = torch.randint(3, 200, (30,), generator=gen).tolist()
+    requests = [{"prompts": [state + [i, 7], state + [i, 8, 9]], "label_token_ids": [1, 2]} for i in range(5)]
+    big = {"prompts": [list(range(3, 80))], "label_token_ids": [1]}
+    wide = Engine(str(tiny_dirs["qwen3_5"]))
+    want = wide.score_tokens_batch(requests)
+    assert wide.last_round.requests == 5
+    narrow = Engine(str(tiny_dirs["qwen3_5"]), round_capacity=RoundCapacity(tokens=70, segments=6))
+    rounds, run_round = [], narrow.run_round
+    narrow.run_round = lambda groups, keep=None: rounds.append(len(groups)) or run_round(groups, keep)
+    got = narrow.score_tokens_batch(requests[:2] + [big] + requests[2:])
+    assert isinstance(got[2], RequestError) and got[2].field == "prompts"
+    assert "needs 77 stream tokens" in got[2].message
+    answers = got[:2] + got[3:]
+    assert all(a.label_logprobs == b.label_logprobs for a, b in zip(answers, want))
+    # 34 tokens in 3 segments each: two per round, so three rounds, and the
+    # batch's stats are the rounds' together.
+    assert rounds == [2, 2, 1]
+    assert narrow.last_round.requests == 5 and narrow.last_round.stream_tokens == wide.last_round.stream_tokens
