@@ -29,6 +29,9 @@ class FlatCausalLM(nn.Module):
 
     #: GDN layer count (hybrid models set it); sizes the engine's state pool.
     num_gdn_layers = 0
+    #: False runs the final norm and LM head over every stream row and then
+    #: picks the readout rows (the ablation switch; same answers, more work).
+    selective_readout = True
 
     def __init__(self, config):
         super().__init__()
@@ -69,4 +72,7 @@ class FlatCausalLM(nn.Module):
         cos, sin = self.rotary.cos_sin(plan.positions, dtype)
         ctx = ForwardContext(plan, cos, sin, state_pool, kv_prefix, kv_capture)
         h = self.hidden_states(ctx)
+        if not self.selective_readout:
+            rows = torch.arange(h.shape[0], device=h.device)
+            return readout_logprobs(h, rows, self.model.norm, self.lm_head).index_select(0, plan.readout_rows)
         return readout_logprobs(h, plan.readout_rows, self.model.norm, self.lm_head)

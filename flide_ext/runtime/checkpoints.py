@@ -83,6 +83,14 @@ class CheckpointStore:
                 self.release_slot([old.slot])
         return True
 
+    def discard(self, tokens: Sequence[int]) -> None:
+        """Forget the checkpoint of exactly these tokens, if kept (freeing its slot)."""
+        old = self.entries.pop(tuple(tokens), None)
+        if old is not None:
+            self.tokens -= len(old)
+            if old.slot >= 0:
+                self.release_slot([old.slot])
+
     def clear(self) -> None:
         for ckpt in self.entries.values():
             if ckpt.slot >= 0:

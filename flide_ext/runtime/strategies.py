@@ -1,0 +1,77 @@
+"""Execution strategies of the engine, for ablation and comparison.
+
+* ``flide``: each request's prompts as one prefix tree, the state computed once
+  and forked to every question inside one flat stream (:meth:`Engine.run_round`).
+* ``no_fork``: one sequence per question, the state recomputed for each.
+* ``prefix_cache``: the strategy of today's serving engines: the state computed
+  once and cached, then each question run as its own sequence continuing from
+  the cache. A recurrent (GDN) state can only be resumed where it was saved, and
+  such caches save it on a grid (``grid`` tokens, 64 by default), so on hybrid
+  models the cache holds the state up to the last grid point and each question
+  recomputes the rest.
+
+Every strategy returns what :meth:`Engine.run_round` returns, and on the CPU
+reference the same bits: a question's answer does not depend on how it ran.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..tree import build_prefix_tree
+
+STRATEGIES = ("flide", "no_fork", "prefix_cache")
+
+
+def _shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    tree = build_prefix_tree([0] * len(prompts), prompts)
+    roots = [seg for seg in tree.segments if seg.parent < 0]
+    return len(roots[0].tokens) if len(roots) == 1 else 0
+
+
+def cached_length(prompts: Sequence[Sequence[int]], recurrent: bool, grid: int = 64) -> int:
+    """Tokens of a request's state a prefix cache resumes from: the shared prefix,
+    leaving every question at least one token of its own, cut down to a multiple
+    of ``grid`` when the model has recurrent layers."""
+    n = min(_shared_prefix(prompts), min(len(p) for p in prompts) - 1)
+    return n - n % grid if recurrent else max(n, 0)
+
+
+def run_strategy(engine, groups, strategy: str = "flide", grid: int = 64):
+    """Answer ``groups`` (as :meth:`Engine.run_round`) with ``strategy``.
+
+    Args:
+        engine: a :class:`~flide_ext.runtime.engine.Engine`.
+        groups: per request ``(prompts, label ids per prompt)``.
+        strategy: one of :data:`STRATEGIES`.
+        grid: the recurrent-state save grid of ``prefix_cache`` (tokens).
+
+    Returns:
+        Per request, per prompt, the labels' log-probabilities.
+
+    Raises:
+        ValueError: an unknown strategy or a grid below 1.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+    if grid < 1:
+        raise ValueError(f"grid must be at least 1, not {grid}")
+    if strategy == "flide":
+        return engine.run_round(groups)
+    singles = [([p], [l]) for prompts, labels in groups for p, l in zip(prompts, labels)]
+    cached = []
+    if strategy == "prefix_cache":
+        recurrent = engine.model.num_gdn_layers > 0
+        for prompts, _ in groups:
+            n = cached_length(prompts, recurrent, grid)
+            if n > 0 and tuple(prompts[0][:n]) not in engine.checkpoints.entries:
+                cached.append(list(prompts[0][:n]))
+        if cached:
+            # Computing the states is the cache's first pass; their readout is not used.
+            engine.run_round([([state], [[0]]) for state in cached], [True] * len(cached))
+    try:
+        flat = iter(engine.run_round(singles))
+    finally:
+        for state in cached:
+            engine.checkpoints.discard(state)
+    return [[next(flat)[0] for _ in prompts] for prompts, _ in groups]

@@ -1,0 +1,56 @@
+"""The engine's execution strategies give every question the same answer
+(flide_ext/runtime/strategies.py), and the readout switch changes no answer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flide_ext import Engine
+from flide_ext.runtime.strategies import STRATEGIES, cached_length, run_strategy
+
+
+def _groups(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    groups = []
+    for n_state in (150, 70, 5):
+        state = torch.randint(3, 200, (n_state,), generator=gen).tolist()
+        prompts = [state + torch.randint(3, 200, (k,), generator=gen).tolist() for k in (1, 4, 9)]
+        groups.append((prompts, [[1, 2, 3]] * len(prompts)))
+    groups.append(([[9, 8, 7]], [[4, 5]]))  # a single question: nothing shared
+    return groups
+
+
+def test_cached_length():
+    prompts = [list(range(150)) + [500], list(range(150)) + [501, 502]]
+    assert cached_length(prompts, recurrent=False) == 150
+    assert cached_length(prompts, recurrent=True) == 128
+    assert cached_length(prompts, recurrent=True, grid=100) == 100
+    assert cached_length([list(range(40)), list(range(40)) + [1]], recurrent=False) == 39  # a question keeps a token
+    assert cached_length([[1, 2]], recurrent=True) == 0
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "llama"])
+def test_strategies_answer_alike(tiny_dirs, family):
+    engine = Engine(str(tiny_dirs[family]))
+    groups = _groups()
+    want = run_strategy(engine, groups, "flide")
+    stream = engine.last_round.stream_tokens
+    for strategy in STRATEGIES[1:]:
+        got = run_strategy(engine, groups, strategy)
+        for g_req, w_req in zip(got, want):
+            for g, w in zip(g_req, w_req):
+                torch.testing.assert_close(torch.tensor(g), torch.tensor(w), rtol=1e-5, atol=1e-5)
+        assert len(engine.checkpoints) == 0  # the strategy's cache entries are gone
+        if strategy == "prefix_cache":  # every question resumed from its request's cached state
+            recurrent = engine.model.num_gdn_layers > 0
+            assert engine.last_round.resumed_tokens == sum(
+                cached_length(prompts, recurrent) * len(prompts) for prompts, _ in groups) > 0
+    # no_fork recomputes every state per question: more stream tokens than Flide.
+    run_strategy(engine, groups, "no_fork")
+    assert engine.last_round.stream_tokens == sum(len(p) for prompts, _ in groups for p in prompts) > stream
+    engine.model.selective_readout = False
+    full = run_strategy(engine, groups, "flide")
+    assert full == want
+    with pytest.raises(ValueError, match="strategy 'paged'"):
+        run_strategy(engine, groups, "paged")
