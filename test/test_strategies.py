@@ -46,6 +46,10 @@ def test_strategies_answer_alike(tiny_dirs, family):
             recurrent = engine.model.num_gdn_layers > 0
             assert engine.last_round.resumed_tokens == sum(
                 cached_length(prompts, recurrent) * len(prompts) for prompts, _ in groups) > 0
+            # Tokens computed: each cached state once, then every question's uncached rest.
+            assert engine.last_round.stream_tokens == sum(
+                cached_length(prompts, recurrent) + sum(len(p) - cached_length(prompts, recurrent) for p in prompts)
+                for prompts, _ in groups)
     # no_fork recomputes every state per question: more stream tokens than Flide.
     run_strategy(engine, groups, "no_fork")
     assert engine.last_round.stream_tokens == sum(len(p) for prompts, _ in groups for p in prompts) > stream

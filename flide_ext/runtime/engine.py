@@ -104,6 +104,9 @@ class Engine:
             evicted first); requests resume from them automatically.
         checkpoint_max_tokens: total tokens all kept checkpoints may cover (their
             K/V memory), evicting least recently used first.
+        model: an already built Flide model (e.g.
+            :func:`flide_ext.random_checkpoints.random_model`) to serve instead of
+            loading ``model_path``, which then only names it (benchmarks).
         round_capacity: most stream tokens, segments and requests per round
             (:class:`~flide_ext.runtime.rounds.RoundCapacity`); the batch methods
             split their requests into rounds within it and refuse a request no
@@ -127,6 +130,7 @@ class Engine:
         checkpoint_capacity: int = 64,
         checkpoint_max_tokens: int = 1 << 18,
         round_capacity: Optional[RoundCapacity] = None,
+        model=None,
     ):
         if isinstance(dtype, str):
             if dtype not in _DTYPES:
@@ -139,9 +143,12 @@ class Engine:
                 raise ValueError(f"{name} must be a non-negative integer, not {value!r}")
         self.round_capacity = round_capacity or RoundCapacity()
         self.device = _check_device(device)
-        self.path = resolve_model_path(model_path)
         self.dtype = dtype
-        self.model, self.config = load_model(self.path, dtype, self.device)
+        if model is None:
+            self.path = resolve_model_path(model_path)
+            self.model, self.config = load_model(self.path, dtype, self.device)
+        else:
+            self.path, self.model = model_path, model
         self.config = self.model.config  # the text part, for multimodal checkpoints
         self.vocab_size = int(self.config.vocab_size)
         limit = int(getattr(self.config, "max_position_embeddings", 0) or 1 << 30)

@@ -12,10 +12,13 @@
 
 Every strategy returns what :meth:`Engine.run_round` returns, and on the CPU
 reference the same bits: a question's answer does not depend on how it ran.
+``engine.last_round.stream_tokens`` afterwards counts every token the strategy
+computed (for ``prefix_cache``, the cached states too).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 from ..tree import build_prefix_tree
@@ -69,9 +72,12 @@ def run_strategy(engine, groups, strategy: str = "flide", grid: int = 64):
         if cached:
             # Computing the states is the cache's first pass; their readout is not used.
             engine.run_round([([state], [[0]]) for state in cached], [True] * len(cached))
+    state_tokens = engine.last_round.stream_tokens if cached else 0
     try:
         flat = iter(engine.run_round(singles))
     finally:
         for state in cached:
             engine.checkpoints.discard(state)
+    # The round stats count what the strategy computed: the cached states too.
+    engine.last_round = replace(engine.last_round, stream_tokens=engine.last_round.stream_tokens + state_tokens)
     return [[next(flat)[0] for _ in prompts] for prompts, _ in groups]

@@ -1,0 +1,321 @@
+"""Decision-serving benchmark in the manner of SGLang's bench_serving: every
+strategy of the engine and a Hugging Face transformers per-question forward, on
+the same seeded requests, in one run.
+
+Workloads are shaped like RACE, QuALITY and MultiRC (state tokens, questions per
+state, question tokens: ``benchmark/kernels/workloads.py``), as seeded random
+token ids; models are Qwen3.5 0.8B / 4B / 9B, Qwen3-4B and Llama-3.2-1B shapes
+with random weights (``tiny-qwen3.5`` for a CPU smoke run). Methods:
+
+* ``flide``: the state once, forked to every question in one flat stream.
+* ``no_fork``: one sequence per question, the state recomputed each time.
+* ``prefix_cache``: the state computed once and cached, each question its own
+  sequence resuming from it (hybrid models from the last 64-token grid point).
+* ``full_readout``: ``flide`` with the final norm and LM head over every row.
+* ``hf``: transformers' model, one forward per question (concurrency 1 only).
+
+Per (model, workload, method): p50/p99 latency of one request, questions/s with
+1, 8 and 64 concurrent closed-loop clients (in process: each round holds one
+request per client, as the scheduler packs every waiting request), flat-stream
+tokens against per-question prompt tokens, and peak GPU memory. Per (model,
+workload): the roofline floor of one request, from weight bytes over the copy
+bandwidth and FLOPs over the matmul rate, both measured in the same run.
+
+Usage::
+
+    python benchmark/bench_decision.py --models qwen3.5-4b --workloads multirc race quality \\
+        --out decision.jsonl --plot decision.png
+    python benchmark/bench_decision.py --models tiny-qwen3.5 --device cpu --dtype float32 --scale 0.1  # smoke
+
+Writes one JSON line per measurement to ``--out``, prints a table, saves a plot.
+Exit status 2 with one line on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "kernels"))
+
+from workloads import WORKLOADS, workload_prompts  # noqa: E402
+
+from flide_ext import Engine  # noqa: E402
+from flide_ext.random_checkpoints import qwen35_config, random_model  # noqa: E402
+from flide_ext.runtime.strategies import run_strategy  # noqa: E402
+
+METHODS = ("flide", "no_fork", "prefix_cache", "full_readout", "hf")
+OPTIONS = {"race": 4, "quality": 4, "multirc": 2}  # labels per question
+
+
+def model_config(name: str):
+    """transformers config of a named shape (Qwen3.5 from its model cards; Qwen3-4B
+    and Llama-3.2-1B from their published config.json).
+
+    Raises:
+        KeyError: an unknown name.
+    """
+    if name.startswith("qwen3.5-"):
+        return qwen35_config(name)
+    if name == "tiny-qwen3.5":
+        from transformers import Qwen3_5TextConfig
+
+        config = Qwen3_5TextConfig(
+            vocab_size=1024, hidden_size=128, num_hidden_layers=4, intermediate_size=256, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=64, linear_num_value_heads=4, linear_num_key_heads=2,
+            linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4, tie_word_embeddings=True,
+            max_position_embeddings=32768, rope_parameters={"rope_type": "default", "rope_theta": 1e7,
+                                                            "partial_rotary_factor": 0.25})
+        config.architectures = ["Qwen3_5ForCausalLM"]
+        return config
+    if name == "qwen3-4b":
+        from transformers import Qwen3Config
+
+        config = Qwen3Config(vocab_size=151936, hidden_size=2560, num_hidden_layers=36, intermediate_size=9728,
+                             num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
+                             max_position_embeddings=40960, rope_theta=1e6)
+        config.architectures = ["Qwen3ForCausalLM"]
+        return config
+    if name == "llama-3.2-1b":
+        from transformers import LlamaConfig
+
+        config = LlamaConfig(vocab_size=128256, hidden_size=2048, num_hidden_layers=16, intermediate_size=8192,
+                             num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True,
+                             max_position_embeddings=131072, rope_theta=5e5)
+        config.architectures = ["LlamaForCausalLM"]
+        return config
+    raise KeyError(name)
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device, repeat: int) -> list[float]:
+    """Wall seconds of each of ``repeat`` calls (after one warm-up call)."""
+    fn()
+    out = []
+    for _ in range(repeat):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def ceilings(device, dtype) -> dict:
+    """Matmul rate (TFLOP/s) and copy bandwidth (GB/s, read + write) on ``device``."""
+    n = 8192 if device.type == "cuda" else 512
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    mm = statistics.median(timed(lambda: a @ a, device, 20))
+    src = torch.empty((1 << 30) if device.type == "cuda" else (1 << 24), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    cp = statistics.median(timed(lambda: dst.copy_(src), device, 20))
+    return {"matmul_tflops": 2 * n**3 / mm / 1e12, "copy_gbps": 2 * src.numel() / cp / 1e9}
+
+
+def requests_for(workload: str, count: int, vocab: int, scale: float, seed: int = 0):
+    """``count`` requests of a workload as ``(prompts, labels)`` groups."""
+    owners, prompts = workload_prompts(workload, requests=count, seed=seed, vocab=vocab)
+    if scale != 1.0:  # shorter states and questions for smoke runs, same tree shape
+        state_len, _, question_len, _ = WORKLOADS[workload]
+        keep_state, keep_q = max(1, int(state_len * scale)), max(1, int(question_len * scale))
+        prompts = [p[:keep_state] + p[state_len:state_len + keep_q] for p in prompts]
+    groups: list = [([], []) for _ in range(count)]
+    for r, p in zip(owners, prompts):
+        groups[r][0].append(p)
+        groups[r][1].append(list(range(OPTIONS[workload])))
+    return groups
+
+
+def hf_runner(config, device, dtype, groups):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    with device:  # initialised where it runs (a 4B model's CPU init takes minutes)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+
+    @torch.inference_mode()
+    def run(batch):
+        out = []
+        for prompts, labels in batch:
+            answers = []
+            for p, ids in zip(prompts, labels):
+                logits = model(torch.tensor([p], device=device)).logits[0, -1].float()
+                answers.append(torch.log_softmax(logits, -1)[ids].tolist())
+            out.append(answers)
+        return out
+
+    return run, model
+
+
+def flops_per_request(config, stream_tokens: int) -> float:
+    """2 x parameters x tokens (matmuls); attention's own FLOPs are left out (a floor)."""
+    from flide_ext.random_checkpoints import count_parameters
+
+    return 2.0 * count_parameters(config) * stream_tokens
+
+
+def bench(args) -> list[dict]:
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    rows: list[dict] = []
+    ceil = ceilings(device, dtype)
+    tqdm.write(f"ceilings on {args.device}: {ceil}")
+    out = open(args.out, "w") if args.out else None
+
+    def emit(row):
+        rows.append(row)
+        if out:
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+
+    for model_name in args.models:
+        config = model_config(model_name)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        model = random_model(config, dtype, device, seed=0)
+        engine = Engine(model_name, dtype=dtype, device=device, model=model, checkpoint_capacity=1024,
+                        checkpoint_max_tokens=1 << 24)
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        for workload in args.workloads:
+            top = max(args.concurrency)
+            groups = requests_for(workload, top, config.vocab_size, args.scale)
+            one = groups[:1]
+            engine.run_round(one)
+            stream = engine.last_round.stream_tokens
+            floor_bytes = weight_bytes / (ceil["copy_gbps"] * 1e9)
+            floor_flops = flops_per_request(config, stream) / (ceil["matmul_tflops"] * 1e12)
+            emit({"model": model_name, "workload": workload, "kind": "roofline", "weight_bytes": weight_bytes,
+                  "stream_tokens": stream, "floor_weights_ms": 1e3 * floor_bytes, "floor_flops_ms": 1e3 * floor_flops,
+                  "floor_ms": 1e3 * max(floor_bytes, floor_flops), **ceil})
+            hf = None
+            for method in tqdm(args.methods, desc=f"{model_name} {workload}", leave=False):
+                if method == "hf":
+                    if hf is None:
+                        hf = hf_runner(config, device, dtype, groups)
+                    run, concurrencies = hf[0], [1]
+                else:
+                    strategy = "flide" if method == "full_readout" else method
+                    model.selective_readout = method != "full_readout"
+
+                    def run(batch, strategy=strategy):
+                        return run_strategy(engine, batch, strategy)
+
+                    concurrencies = args.concurrency
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
+                lat = timed(lambda: run(one), device, args.latency_iters)
+                questions = sum(len(p) for p, _ in one)
+                row = {"model": model_name, "workload": workload, "kind": "method", "method": method,
+                       "questions_per_request": questions,
+                       "prompt_tokens": sum(len(p) for prompts, _ in one for p in prompts),
+                       "stream_tokens": engine.last_round.stream_tokens if method != "hf" else None,
+                       "p50_ms": 1e3 * statistics.median(lat),
+                       "p99_ms": 1e3 * sorted(lat)[min(len(lat) - 1, int(0.99 * len(lat)))]}
+                for c in concurrencies:
+                    batch = groups[:c]
+                    secs = timed(lambda: run(batch), device, args.rounds)
+                    row[f"qps_c{c}"] = sum(len(p) for p, _ in batch) * len(secs) / sum(secs)
+                row["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
+                emit(row)
+                tqdm.write(f"{model_name} {workload} {method}: p50 {row['p50_ms']:.1f} ms, "
+                           + ", ".join(f"c{c} {row[f'qps_c{c}']:.1f} q/s" for c in concurrencies))
+            model.selective_readout = True
+            if hf is not None:
+                del hf
+        del engine, model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if out:
+        out.close()
+    return rows
+
+
+def print_table(rows: list[dict], concurrency) -> None:
+    head = f"{'model':14s} {'workload':9s} {'method':13s} {'p50 ms':>9s} {'p99 ms':>9s} " + " ".join(
+        f"{'q/s c' + str(c):>10s}" for c in concurrency) + f" {'stream/prompt tok':>18s} {'peak MB':>9s}"
+    print(head)
+    for r in rows:
+        if r["kind"] == "roofline":
+            print(f"{r['model']:14s} {r['workload']:9s} {'roofline':13s} {r['floor_ms']:9.2f} "
+                  f"(weights {r['floor_weights_ms']:.2f} ms, FLOPs {r['floor_flops_ms']:.2f} ms)")
+            continue
+        qps = " ".join(f"{r[f'qps_c{c}']:10.1f}" if f"qps_c{c}" in r else f"{'-':>10s}" for c in concurrency)
+        tokens = f"{r['stream_tokens']}/{r['prompt_tokens']}" if r["stream_tokens"] is not None else f"-/{r['prompt_tokens']}"
+        peak = f"{r['peak_gpu_mb']:9.0f}" if r["peak_gpu_mb"] else f"{'-':>9s}"
+        print(f"{r['model']:14s} {r['workload']:9s} {r['method']:13s} {r['p50_ms']:9.2f} {r['p99_ms']:9.2f} {qps} "
+              f"{tokens:>18s} {peak}")
+
+
+def plot(rows: list[dict], path: str, concurrency) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = [r for r in rows if r["kind"] == "method"]
+    keys = list(dict.fromkeys((r["model"], r["workload"]) for r in methods))
+    c = max(concurrency)
+    fig, ax = plt.subplots(figsize=(max(6, 2.5 * len(keys)), 4.5))
+    names = list(dict.fromkeys(r["method"] for r in methods))
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        vals = [next((r.get(f"qps_c{c}", r.get("qps_c1", 0)) for r in methods if (r["model"], r["workload"]) == k
+                      and r["method"] == name), 0) for k in keys]
+        ax.bar([x + i * width for x in range(len(keys))], vals, width, label=name)
+    ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(keys))], [f"{m}\n{w}" for m, w in keys])
+    ax.set_yscale("log")
+    ax.set_ylabel(f"questions/s ({c} clients; hf: 1)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=["qwen3.5-4b"])
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 64])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    parser.add_argument("--scale", type=float, default=1.0, help="shrink state and question lengths (smoke runs)")
+    parser.add_argument("--latency-iters", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per concurrency")
+    parser.add_argument("--out", default="decision.jsonl")
+    parser.add_argument("--plot", default=None)
+    args = parser.parse_args(argv)
+    for name in args.models:
+        try:
+            model_config(name)
+        except KeyError:
+            print(f"bench_decision.py: unknown model {name!r} (qwen3.5-0.8b, qwen3.5-4b, qwen3.5-9b, qwen3-4b, "
+                  "llama-3.2-1b, tiny-qwen3.5)", file=sys.stderr)
+            return 2
+    if any(c < 1 for c in args.concurrency) or not 0 < args.scale <= 1 or args.latency_iters < 1 or args.rounds < 1:
+        print("bench_decision.py: --concurrency, --latency-iters and --rounds must be >= 1, --scale in (0, 1]",
+              file=sys.stderr)
+        return 2
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("bench_decision.py: --device cuda but torch sees no GPU", file=sys.stderr)
+        return 2
+    rows = bench(args)
+    print_table(rows, args.concurrency)
+    if args.plot:
+        plot(rows, args.plot, args.concurrency)
+        print(f"plot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""benchmark/bench_decision.py end to end on CPU with a tiny model (smoke scale)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmark" / "bench_decision.py"
+
+
+def test_bench_decision_runs_every_method(tmp_path):
+    out, plot = tmp_path / "d.jsonl", tmp_path / "d.png"
+    run = subprocess.run([sys.executable, str(SCRIPT), "--models", "tiny-qwen3.5", "--device", "cpu", "--dtype",
+                          "float32", "--workloads", "multirc", "--scale", "0.1", "--concurrency", "1", "2",
+                          "--latency-iters", "1", "--rounds", "1", "--out", str(out), "--plot", str(plot)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    roofline = [r for r in rows if r["kind"] == "roofline"]
+    methods = {r["method"]: r for r in rows if r["kind"] == "method"}
+    assert len(roofline) == 1 and roofline[0]["floor_ms"] > 0
+    assert set(methods) == {"flide", "no_fork", "prefix_cache", "full_readout", "hf"}
+    # Flide computes each state once; one sequence per question recomputes it.
+    assert methods["flide"]["stream_tokens"] < methods["no_fork"]["stream_tokens"] == methods["flide"]["prompt_tokens"]
+    assert all(r["qps_c1"] > 0 and r["p50_ms"] > 0 for r in methods.values())
+    assert "qps_c2" in methods["flide"] and "qps_c2" not in methods["hf"]
+    assert plot.stat().st_size > 0 and "roofline" in run.stdout
+
+
+def test_bench_decision_bad_arguments():
+    for args in (["--models", "gpt-5"], ["--concurrency", "0"], ["--scale", "2"]):
+        run = subprocess.run([sys.executable, str(SCRIPT), *args, "--device", "cpu"], capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, (args, run.stderr)
