@@ -31,7 +31,7 @@ def test_cached_length():
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "llama"])
-def test_strategies_answer_alike(tiny_dirs, family):
+def test_strategies_answer_alike(tiny_dirs, family, monkeypatch):
     engine = Engine(str(tiny_dirs[family]))
     groups = _groups()
     want = run_strategy(engine, groups, "flide")
@@ -56,5 +56,11 @@ def test_strategies_answer_alike(tiny_dirs, family):
     engine.model.selective_readout = False
     full = run_strategy(engine, groups, "flide")
     assert full == want
+    # In blocks of 7 rows (readout rows spread over many blocks): still the same answers.
+    from flide_ext.models.base import FlatCausalLM
+
+    blocked = FlatCausalLM._full_readout
+    monkeypatch.setattr(FlatCausalLM, "_full_readout", lambda self, h, rows: blocked(self, h, rows, block=7))
+    assert run_strategy(engine, groups, "flide") == want
     with pytest.raises(ValueError, match="strategy 'paged'"):
         run_strategy(engine, groups, "paged")

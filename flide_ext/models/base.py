@@ -73,6 +73,18 @@ class FlatCausalLM(nn.Module):
         ctx = ForwardContext(plan, cos, sin, state_pool, kv_prefix, kv_capture)
         h = self.hidden_states(ctx)
         if not self.selective_readout:
-            rows = torch.arange(h.shape[0], device=h.device)
-            return readout_logprobs(h, rows, self.model.norm, self.lm_head).index_select(0, plan.readout_rows)
+            return self._full_readout(h, plan.readout_rows)
         return readout_logprobs(h, plan.readout_rows, self.model.norm, self.lm_head)
+
+    def _full_readout(self, h: torch.Tensor, rows: torch.Tensor, block: int = 4096) -> torch.Tensor:
+        # The LM head over every stream row, as a server without selective readout
+        # computes it, in blocks of rows (a whole round's float32 log-probabilities
+        # at a 248k vocabulary would not fit in memory), keeping the readout rows.
+        out = torch.empty(rows.numel(), self.lm_head.weight.shape[0], dtype=torch.float32, device=h.device)
+        for start in range(0, h.shape[0], block):
+            stop = min(start + block, h.shape[0])
+            inside = ((rows >= start) & (rows < stop)).nonzero().flatten()
+            block_rows = torch.arange(start, stop, device=h.device)
+            logprobs = readout_logprobs(h, block_rows, self.model.norm, self.lm_head)
+            out[inside] = logprobs.index_select(0, rows[inside] - start)
+        return out
