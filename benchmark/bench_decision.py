@@ -54,6 +54,17 @@ from flide_ext.runtime.strategies import run_strategy  # noqa: E402
 
 METHODS = ("flide", "no_fork", "prefix_cache", "full_readout", "hf")
 OPTIONS = {"race": 4, "quality": 4, "multirc": 2}  # labels per question
+# Attention-only shapes from the published config.json of Qwen3-4B and Llama-3.2-1B.
+DENSE_SHAPES = {
+    "qwen3-4b": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        vocab_size=151936, hidden_size=2560, num_hidden_layers=36, intermediate_size=9728, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, max_position_embeddings=40960,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+    "llama-3.2-1b": ("LlamaConfig", "LlamaForCausalLM", dict(
+        vocab_size=128256, hidden_size=2048, num_hidden_layers=16, intermediate_size=8192, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=64, tie_word_embeddings=True, max_position_embeddings=131072,
+        rope_parameters={"rope_type": "default", "rope_theta": 5e5})),
+}
 
 
 def model_config(name: str):
@@ -76,21 +87,12 @@ def model_config(name: str):
                                                             "partial_rotary_factor": 0.25})
         config.architectures = ["Qwen3_5ForCausalLM"]
         return config
-    if name == "qwen3-4b":
-        from transformers import Qwen3Config
+    if name in DENSE_SHAPES:
+        import transformers
 
-        config = Qwen3Config(vocab_size=151936, hidden_size=2560, num_hidden_layers=36, intermediate_size=9728,
-                             num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
-                             max_position_embeddings=40960, rope_theta=1e6)
-        config.architectures = ["Qwen3ForCausalLM"]
-        return config
-    if name == "llama-3.2-1b":
-        from transformers import LlamaConfig
-
-        config = LlamaConfig(vocab_size=128256, hidden_size=2048, num_hidden_layers=16, intermediate_size=8192,
-                             num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True,
-                             max_position_embeddings=131072, rope_theta=5e5)
-        config.architectures = ["LlamaForCausalLM"]
+        config_class, architecture, shape = DENSE_SHAPES[name]
+        config = getattr(transformers, config_class)(**shape)
+        config.architectures = [architecture]
         return config
     raise KeyError(name)
 
