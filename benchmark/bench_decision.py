@@ -308,9 +308,20 @@ def main(argv=None) -> int:
         print("bench_decision.py: --concurrency, --latency-iters and --rounds must be >= 1, --scale in (0, 1]",
               file=sys.stderr)
         return 2
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
+    try:
+        device = torch.device(args.device)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        print(f"bench_decision.py: --device {args.device!r} is not cpu or cuda", file=sys.stderr)
+        return 2
+    if device.type == "cuda" and not torch.cuda.is_available():
         print("bench_decision.py: --device cuda but torch sees no GPU", file=sys.stderr)
         return 2
+    for flag, path in (("--out", args.out), ("--plot", args.plot)):
+        if path and not Path(path).resolve().parent.is_dir():
+            print(f"bench_decision.py: {flag} {path!r}: no such directory", file=sys.stderr)
+            return 2
     rows = bench(args)
     print_table(rows, args.concurrency)
     if args.plot:

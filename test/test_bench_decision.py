@@ -31,7 +31,8 @@ def test_bench_decision_runs_every_method(tmp_path):
 
 
 def test_bench_decision_bad_arguments():
-    for args in (["--models", "gpt-5"], ["--concurrency", "0"], ["--scale", "2"]):
-        run = subprocess.run([sys.executable, str(SCRIPT), *args, "--device", "cpu"], capture_output=True, text=True,
+    for args in (["--models", "gpt-5"], ["--concurrency", "0"], ["--scale", "2"], ["--device", "meta"],
+                 ["--out", "/no/such/dir/x.jsonl"], ["--plot", "/no/such/dir/x.png"]):
+        run = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", *args], capture_output=True, text=True,
                              timeout=300)
         assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, (args, run.stderr)

@@ -57,8 +57,8 @@ def test_launch_server_decision_mode_answers_like_the_engine(char_model_dir, tmp
 
 def test_prefill_limits_become_round_capacities():
     """SGLang's --max-prefill-tokens and --max-running-requests set a round's
-    token and request capacity (and are not refused); left at their defaults,
-    Flide's own capacities apply."""
+    token and request capacity (and are not refused); SGLang's default prefill
+    limit is the round's token capacity under --decision-mode."""
     import argparse
 
     from sglang.srt.server_args import ServerArgs
@@ -73,5 +73,6 @@ def test_prefill_limits_become_round_capacities():
     assert refused_flags(args) == []
     mapped = serve_args(args)
     assert (mapped.round_tokens, mapped.max_round_requests) == (5000, 7)
-    plain = serve_args(parser.parse_args(["--model-path", "m", "--device", "cpu"]))
-    assert (plain.round_tokens, plain.max_round_requests) == (ServeArgs.round_tokens, ServeArgs.max_round_requests)
+    plain = parser.parse_args(["--model-path", "m", "--device", "cpu"])
+    mapped = serve_args(plain)
+    assert (mapped.round_tokens, mapped.max_round_requests) == (plain.max_prefill_tokens, ServeArgs.max_round_requests)

@@ -64,3 +64,20 @@ def test_strategies_answer_alike(tiny_dirs, family, monkeypatch):
     assert run_strategy(engine, groups, "flide") == want
     with pytest.raises(ValueError, match="strategy 'paged'"):
         run_strategy(engine, groups, "paged")
+
+
+def test_prefix_cache_keeps_user_checkpoints(tiny_dirs):
+    """The strategy's cache is its own: a full store of the user's checkpoints is
+    neither evicted nor leaked into, and the strategy still resumes every question."""
+    engine = Engine(str(tiny_dirs["qwen3_5"]), checkpoint_capacity=1)
+    groups = _groups()
+    user = ([list(range(3, 100))], [[1]])
+    engine.run_round([user], [True])
+    kept = set(engine.checkpoints.entries)
+    assert len(kept) == 1
+    run_strategy(engine, groups, "prefix_cache")
+    assert set(engine.checkpoints.entries) == kept
+    assert engine.last_round.resumed_tokens == sum(cached_length(p, True) * len(p) for p, _ in groups) > 0
+    with pytest.raises(ValueError, match="grid must be a positive integer"):
+        run_strategy(engine, groups, "prefix_cache", grid=2.5)
+    assert run_strategy(engine, [([], [])] + groups, "prefix_cache")[0] == []

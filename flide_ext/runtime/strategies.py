@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from ..tree import build_prefix_tree
+from .checkpoints import CheckpointStore
 
 STRATEGIES = ("flide", "no_fork", "prefix_cache")
 
@@ -53,12 +54,15 @@ def run_strategy(engine, groups, strategy: str = "flide", grid: int = 64):
         Per request, per prompt, the labels' log-probabilities.
 
     Raises:
-        ValueError: an unknown strategy or a grid below 1.
+        ValueError: an unknown strategy, or a grid that is not a positive integer.
+
+    Not for use while other threads call the same engine: ``prefix_cache``
+    swaps in its own checkpoint store for the call.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
-    if grid < 1:
-        raise ValueError(f"grid must be at least 1, not {grid}")
+    if type(grid) is not int or grid < 1:
+        raise ValueError(f"grid must be a positive integer, not {grid!r}")
     if strategy == "flide":
         return engine.run_round(groups)
     singles = [([p], [l]) for prompts, labels in groups for p, l in zip(prompts, labels)]
@@ -66,18 +70,22 @@ def run_strategy(engine, groups, strategy: str = "flide", grid: int = 64):
     if strategy == "prefix_cache":
         recurrent = engine.model.num_gdn_layers > 0
         for prompts, _ in groups:
-            n = cached_length(prompts, recurrent, grid)
-            if n > 0 and tuple(prompts[0][:n]) not in engine.checkpoints.entries:
+            n = cached_length(prompts, recurrent, grid) if prompts else 0
+            if n > 0:
                 cached.append(list(prompts[0][:n]))
+    # The strategy's cache is its own store, sized for every state it keeps: the
+    # engine's checkpoints (a user's) are neither evicted nor used meanwhile.
+    own = CheckpointStore(max(1, len(cached)), engine.checkpoints.release_slot, max(1, sum(map(len, cached))))
+    saved, engine.checkpoints = engine.checkpoints, own
+    try:
         if cached:
             # Computing the states is the cache's first pass; their readout is not used.
             engine.run_round([([state], [[0]]) for state in cached], [True] * len(cached))
-    state_tokens = engine.last_round.stream_tokens if cached else 0
-    try:
+        state_tokens = engine.last_round.stream_tokens if cached else 0
         flat = iter(engine.run_round(singles))
     finally:
-        for state in cached:
-            engine.checkpoints.discard(state)
+        own.clear()
+        engine.checkpoints = saved
     # The round stats count what the strategy computed: the cached states too.
     engine.last_round = replace(engine.last_round, stream_tokens=engine.last_round.stream_tokens + state_tokens)
     return [[next(flat)[0] for _ in prompts] for prompts, _ in groups]

@@ -35,8 +35,7 @@ def serve(args: ServeArgs) -> None:
     """Run the server until interrupted.
 
     Raises:
-        FlideError: the model or tokenizer cannot be loaded.
-        ValueError: a round capacity below 1.
+        FlideError: the model or tokenizer cannot be loaded; a round capacity below 1.
     """
     import shutil
 
@@ -56,6 +55,11 @@ def serve(args: ServeArgs) -> None:
         import torch
 
         torch.manual_seed(args.random_seed)
+    try:
+        capacity = RoundCapacity(args.round_tokens, args.round_segments, args.max_round_requests)
+    except ValueError as e:
+        raise FlideError(f"{e} (--round-tokens, --round-segments, --max-round-requests; --max-prefill-tokens, "
+                         "--max-running-requests under --decision-mode)") from None
     path = str(resolve_model_path(args.model_path))
     ipc = tempfile.mkdtemp(prefix="flide-")
     work_addr, done_addr = f"ipc://{ipc}/work", f"ipc://{ipc}/done"
@@ -64,7 +68,6 @@ def serve(args: ServeArgs) -> None:
     sync = zmq.Context()
     waiting = sync.socket(zmq.PULL)
     waiting.bind(done_addr)
-    capacity = RoundCapacity(args.round_tokens, args.round_segments, args.max_round_requests)
     engine_kwargs = dict(model_path=path, dtype=args.dtype, device=args.device, context_length=args.context_length,
                          tokenizer_path=args.tokenizer_path)
     scheduler = multiprocessing.get_context("spawn").Process(
