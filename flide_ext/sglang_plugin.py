@@ -90,3 +90,32 @@ def _capacity(args: argparse.Namespace) -> dict:
     if getattr(args, "max_running_requests", None) is not None:
         out["max_round_requests"] = args.max_running_requests
     return out
+
+
+def _around_from_cli_args(original, *call_args, **kwargs):
+    args = call_args[-1] if call_args else kwargs["args"]
+    if not getattr(args, "decision_mode", False):
+        return original(*call_args, **kwargs)
+    # Decision mode: Flide's server runs here and the process ends with it, so
+    # SGLang's GPU engine is never configured.
+    refused = refused_flags(args)
+    if refused:
+        print(f"--decision-mode: Flide cannot honour {', '.join(refused)}; remove them", file=sys.stderr)
+        sys.exit(2)
+    from .errors import FlideError
+    from .server.launch import serve
+
+    try:
+        serve(serve_args(args))
+    except (FlideError, ValueError) as e:
+        print(f"--decision-mode: {e}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(0)
+
+
+def register() -> None:
+    """Entry point called by SGLang's ``load_plugins()``."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", _add_flag, HookType.AFTER)
+    HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args", _around_from_cli_args, HookType.AROUND)

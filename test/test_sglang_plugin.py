@@ -28,6 +28,8 @@ def test_flags_flide_cannot_honour_are_refused(char_model_dir):
     run = subprocess.run(launch("--decision-mode", "--model-path", str(char_model_dir), "--tp-size", "2",
                                 "--enable-lora"), capture_output=True, text=True, env=ENV, timeout=300)
     assert run.returncode == 2
+    # Refused by Flide's plugin (not by argparse, which would also exit 2).
+    assert "Flide cannot honour" in run.stderr
     assert "--tp-size" in run.stderr and "--enable-lora" in run.stderr
 
 
