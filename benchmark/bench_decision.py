@@ -77,16 +77,9 @@ def model_config(name: str):
     if name.startswith("qwen3.5-"):
         return qwen35_config(name)
     if name == "tiny-qwen3.5":
-        from transformers import Qwen3_5TextConfig
+        from check_kernels import tiny_qwen35_config  # benchmark/kernels: the GPU checks' tiny model
 
-        config = Qwen3_5TextConfig(
-            vocab_size=1024, hidden_size=128, num_hidden_layers=4, intermediate_size=256, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=64, linear_num_value_heads=4, linear_num_key_heads=2,
-            linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4, tie_word_embeddings=True,
-            max_position_embeddings=32768, rope_parameters={"rope_type": "default", "rope_theta": 1e7,
-                                                            "partial_rotary_factor": 0.25})
-        config.architectures = ["Qwen3_5ForCausalLM"]
-        return config
+        return tiny_qwen35_config()
     if name in DENSE_SHAPES:
         import transformers
 

@@ -541,3 +541,24 @@ def test_chunk_states_strided_inputs():
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(pools[1], pools[0], rtol=1e-5, atol=1e-5)
+
+
+def test_chunk_forked_level_matches_reference(monkeypatch):
+    """One level through the chunked GPU path (a one-level tree pass; the
+    state-free steps' references standing in for fla-core) against the chunked
+    reference, level after level, incl. the empty segment's pass-through."""
+    import flide_ext.kernels.gated_delta_rule_triton as gdt
+    from flide_ext.kernels.gated_delta_rule import chunk_gated_delta_rule_ref
+
+    monkeypatch.setattr(gdt, "chunk_steps", gdt.reference_steps)
+    gen = torch.Generator().manual_seed(20)
+    q, k, v, g, beta = _gdn_inputs(TREE_ROWS, 2, 4, 16, 16, gen)
+    pools = [torch.zeros(8, 4, 16, 16) for _ in range(2)]
+    pools[0][5] = pools[1][5] = torch.randn(4, 16, 16, generator=gen) * 0.1
+    outs = [torch.zeros(TREE_ROWS, 4, 16) for _ in range(2)]
+    for fn, pool, out in zip((chunk_gated_delta_rule_ref, gdt.chunk_gated_delta_rule_forked), pools, outs):
+        for level in _tree_levels():
+            fn(q, k, v, g, beta, 0.25, pool, *level, out=out)
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(pools[1], pools[0], rtol=1e-4, atol=1e-4)
+    assert torch.equal(pools[1][4], pools[1][1])

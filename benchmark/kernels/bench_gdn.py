@@ -123,7 +123,8 @@ def run_workload(name, rows):
     # Bytes every version must move: inputs and outputs once, each segment's final state written.
     nbytes = 2 * T * (2 * H * K + 2 * HV * V + HV) + 4 * T * HV + 4 * S * HV * K * V
     base = {"workload": name, "tokens": T, "segments": S, "levels": len(levels), "min_bytes": nbytes}
-    diff = float((tree().float() - per_level().float()).norm() / per_level().float().norm())
+    levels_out = per_level().float()
+    diff = float((tree().float() - levels_out).norm() / levels_out.norm())
     t_fla, d_fla, g_fla = median_ms(fla_same_tokens), device_ms(fla_same_tokens), graph_ms(fla_same_tokens)
     rows.append({**base, "method": "fla chunk, same tokens, no forks", "ms": t_fla, "device_ms": d_fla,
                  "graph_ms": g_fla, "gbps": nbytes / (t_fla * 1e-3) / 1e9})

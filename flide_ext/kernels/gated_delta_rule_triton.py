@@ -407,30 +407,16 @@ def chunk_gated_delta_rule_forked(
     Raises:
         ValueError: the level's segments do not lie back to back in stream order.
     """
-    from fla.ops.common.chunk_o import chunk_fwd_o
-    from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra
-    from fla.ops.utils import chunk_local_cumsum
-    from fla.ops.utils.constant import RCP_LN2
-
     if out is None:
         out = v.new_zeros(v.shape)
-    meta = level_meta(seg_start, seg_len, initial_slot, final_slot)
-    _pass_through(meta, state_pool)
-    if meta.hi == meta.lo:
+    level = (seg_start, seg_len, initial_slot, final_slot)
+    # One level is a one-level tree: the same pass the whole-tree path runs.
+    meta = tree_meta([level])
+    if meta is None:  # no rows: empty segments only pass their states on
+        _pass_through(level_meta(*level), state_pool)
         return out
-    lo, hi, cu, ci = meta.lo, meta.hi, meta.cu_seqlens, meta.chunk_indices
-    qs, ks = q[lo:hi], k[lo:hi]
-    if use_qk_l2norm:
-        qs, ks = _l2norm(qs), _l2norm(ks)
-    qs, ks, vs = qs.contiguous(), ks.contiguous(), v[lo:hi].contiguous()
-    g_cum = chunk_local_cumsum(g[None, lo:hi].float(), chunk_size=64, scale=RCP_LN2, cu_seqlens=cu, chunk_indices=ci)
-    w, u, _ = chunk_gated_delta_rule_fwd_intra(k=ks[None], v=vs[None], g=g_cum, beta=beta[None, lo:hi].contiguous(),
-                                               cu_seqlens=cu, chunk_size=64, chunk_indices=ci)
-    h, v_new = chunk_states_triton(ks, w[0], u[0], g_cum[0], state_pool, cu, meta.chunk_offsets, meta.initial,
-                                   meta.final, 64, meta.num_chunks)
-    o = chunk_fwd_o(q=qs[None], k=ks[None], v=v_new[None], h=h[None], g=g_cum, scale=scale, cu_seqlens=cu,
-                    chunk_size=64, chunk_indices=ci)
-    out[lo:hi] = o[0].to(out.dtype)
+    o = _chunk_pass(meta, chunk_steps() or fla_steps(), q, k, v, g, beta, scale, state_pool, use_qk_l2norm)
+    out[meta.lo:meta.hi] = o.to(out.dtype)
     return out
 
 

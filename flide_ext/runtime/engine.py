@@ -331,10 +331,11 @@ class Engine:
                 parsed.append(req)
             except RequestError as e:
                 parsed.append(e)
-        sized = self._sized(parsed, lambda r: r.prompts, "prompts")
+        sized, sizes = self._sized(parsed, lambda r: r.prompts, "prompts")
         answered = iter(self._run_in_rounds(
             [(r.prompts, [r.labels_for(i) for i in range(len(r.prompts))]) for r in sized if isinstance(r, TokenRequest)],
             [r.checkpoint for r in sized if isinstance(r, TokenRequest)],
+            sizes,
         ))
         out: List[Union[TokenAnswer, RequestError]] = []
         for req in sized:
@@ -354,23 +355,26 @@ class Engine:
             )
         return out
 
-    def _sized(self, items: list, prompts_of, field: str) -> list:
-        # Each request no round can hold becomes its RequestError, in place.
-        out = []
+    def _sized(self, items: list, prompts_of, field: str) -> tuple[list, list]:
+        # Each request no round can hold becomes its RequestError, in place; the
+        # sizes of the others, in order, go on to the round packing.
+        out, sizes = [], []
         for item in items:
             if not isinstance(item, RequestError):
+                size = request_size(prompts_of(item))
                 try:
-                    self.round_capacity.check(request_size(prompts_of(item)), field)
+                    self.round_capacity.check(size, field)
+                    sizes.append(size)
                 except RequestError as e:
                     item = e
             out.append(item)
-        return out
+        return out, sizes
 
-    def _run_in_rounds(self, groups: list, keep_state: list) -> list:
-        """Run requests in as many rounds as the capacity needs, packed in order
+    def _run_in_rounds(self, groups: list, keep_state: list, sizes: list) -> list:
+        """Run requests of the given sizes (:func:`~flide_ext.runtime.rounds.request_size`)
+        in as many rounds as the capacity needs, packed in order
         (:func:`~flide_ext.runtime.rounds.pack_round`); per request
         ``(label log-probabilities, (resumed_tokens, kept_tokens))``."""
-        sizes = [request_size(prompts) for prompts, _ in groups]
         results: list = [None] * len(groups)
         waiting = list(range(len(groups)))
         total = RoundStats()
@@ -416,10 +420,10 @@ class Engine:
                 prepared.append((req, renderer.encode(req)))
             except RequestError as e:
                 prepared.append(e)
-        prepared = self._sized(prepared, lambda p: [q.prompt_ids for q in p[1]], "questions")
+        prepared, sizes = self._sized(prepared, lambda p: [q.prompt_ids for q in p[1]], "questions")
         good = [p for p in prepared if not isinstance(p, RequestError)]
         scored = iter(self._run_in_rounds([([q.prompt_ids for q in enc], [q.label_ids for q in enc]) for _, enc in good],
-                                          [False] * len(good)))
+                                          [False] * len(good), sizes))
         out = []
         for item in prepared:
             if isinstance(item, RequestError):
