@@ -12,7 +12,16 @@ with random weights (``tiny-qwen3.5`` for a CPU smoke run). Methods:
 * ``prefix_cache``: the state computed once and cached, each question its own
   sequence resuming from it (hybrid models from the last 64-token grid point).
 * ``full_readout``: ``flide`` with the final norm and LM head over every row.
+* ``no_graphs``: ``flide`` with every kernel launched one by one (no CUDA graphs).
+* ``per_shape_graphs``: ``flide`` with one CUDA graph per exact round shape,
+  captured when a shape is first seen, instead of the flat graphs over a few
+  stream capacities.
 * ``hf``: transformers' model, one forward per question (concurrency 1 only).
+
+Every timed call gets requests it has not seen (a fresh slice of the seeded
+requests), so no method is timed on a repeat of its warm-up; ``--vary`` draws
+each request's state length, question count and question length around the
+workload's (0.8-1.2x, 0.5-1.5x, 0.8-1.2x), as real traffic mixes them.
 
 Per (model, workload, method): p50/p99 latency of one request, questions/s with
 1, 8 and 64 concurrent closed-loop clients (in process: each round holds one
@@ -52,7 +61,9 @@ from flide_ext import Engine  # noqa: E402
 from flide_ext.random_checkpoints import qwen35_config, random_model  # noqa: E402
 from flide_ext.runtime.strategies import run_strategy  # noqa: E402
 
-METHODS = ("flide", "no_fork", "prefix_cache", "full_readout", "hf")
+METHODS = ("flide", "no_fork", "prefix_cache", "full_readout", "no_graphs", "per_shape_graphs", "hf")
+# The engine's CUDA-graph mode per method (engine.graphs.mode).
+GRAPH_MODE = {"no_graphs": "off", "per_shape_graphs": "per_shape"}
 OPTIONS = {"race": 4, "quality": 4, "multirc": 2}  # labels per question
 # Attention-only shapes from the published config.json of Qwen3-4B and Llama-3.2-1B.
 DENSE_SHAPES = {
@@ -119,9 +130,45 @@ def ceilings(device, dtype) -> dict:
     return {"matmul_tflops": 2 * n**3 / mm / 1e12, "copy_gbps": 2 * src.numel() / cp / 1e9}
 
 
-def requests_for(workload: str, count: int, vocab: int, scale: float, seed: int = 0):
+def timed_batches(fn, batches, device) -> list[float]:
+    """Wall seconds of ``fn(batch)`` for each batch but the first (the warm-up)."""
+    fn(batches[0])
+    out = []
+    for batch in batches[1:]:
+        sync(device)
+        t0 = time.perf_counter()
+        fn(batch)
+        sync(device)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def varied_prompts(workload: str, count: int, vocab: int, seed: int = 0):
+    """``(owners, prompts)`` like :func:`workload_prompts`, each request's state
+    length, question count and question length drawn around the workload's."""
+    state_len, questions, question_len, _ = WORKLOADS[workload]
+    gen = torch.Generator().manual_seed(seed)
+
+    def around(n, lo, hi):
+        return max(1, int(n * (lo + (hi - lo) * torch.rand((), generator=gen).item())))
+
+    owners, prompts = [], []
+    for r in range(count):
+        state = torch.randint(0, vocab, (around(state_len, 0.8, 1.2),), generator=gen).tolist()
+        for i in range(around(questions, 0.5, 1.5)):
+            question = torch.randint(0, vocab, (around(question_len, 0.8, 1.2),), generator=gen).tolist()
+            question[0] = i
+            owners.append(r)
+            prompts.append(state + question)
+    return owners, prompts
+
+
+def requests_for(workload: str, count: int, vocab: int, scale: float, seed: int = 0, vary: bool = False):
     """``count`` requests of a workload as ``(prompts, labels)`` groups."""
-    owners, prompts = workload_prompts(workload, requests=count, seed=seed, vocab=vocab)
+    if vary:
+        owners, prompts = varied_prompts(workload, count, vocab, seed)
+    else:
+        owners, prompts = workload_prompts(workload, requests=count, seed=seed, vocab=vocab)
     if scale != 1.0:  # shorter states and questions for smoke runs, same tree shape
         state_len, _, question_len, _ = WORKLOADS[workload]
         keep_state, keep_q = max(1, int(state_len * scale)), max(1, int(question_len * scale))
@@ -179,12 +226,20 @@ def bench(args) -> list[dict]:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         model = random_model(config, dtype, device, seed=0)
-        engine = Engine(model_name, dtype=dtype, device=device, model=model, checkpoint_capacity=1024,
-                        checkpoint_max_tokens=1 << 24)
+        engine = Engine(model_name, dtype=dtype, device=device, model=model)
+        if engine.graphs is not None:
+            emit({"model": model_name, "kind": "graphs", "capture_s": engine.graphs.capture_seconds,
+                  "graphs": len(engine.graphs.capacities),
+                  "capacities": [[c.tokens, c.segments, c.levels] for c in engine.graphs.capacities]})
+            tqdm.write(f"{model_name}: {len(engine.graphs.capacities)} CUDA graphs captured in "
+                       f"{engine.graphs.capture_seconds:.1f} s")
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         for workload in args.workloads:
             top = max(args.concurrency)
-            groups = requests_for(workload, top, config.vocab_size, args.scale)
+            # Every timed call gets a fresh slice: enough requests for the largest
+            # concurrency's rounds, and for the latency calls.
+            need = max(top * (args.rounds + 1), args.latency_iters + 1)
+            groups = requests_for(workload, need, config.vocab_size, args.scale, vary=args.vary)
             one = groups[:1]
             engine.run_round(one)
             stream = engine.last_round.stream_tokens
@@ -200,8 +255,15 @@ def bench(args) -> list[dict]:
                         hf = hf_runner(config, device, dtype, groups)
                     run, concurrencies = hf[0], [1]
                 else:
-                    strategy = "flide" if method == "full_readout" else method
+                    if method in GRAPH_MODE and engine.graphs is None:
+                        tqdm.write(f"{method}: skipped (CUDA graphs need a CUDA device)")
+                        emit({"model": model_name, "workload": workload, "kind": "skipped", "method": method,
+                              "reason": "CUDA graphs need a CUDA device"})
+                        continue
+                    strategy = method if method in ("no_fork", "prefix_cache") else "flide"
                     model.selective_readout = method != "full_readout"
+                    if engine.graphs is not None:
+                        engine.graphs.mode = GRAPH_MODE.get(method, "flat")
 
                     def run(batch, strategy=strategy):
                         return run_strategy(engine, batch, strategy)
@@ -209,7 +271,7 @@ def bench(args) -> list[dict]:
                     concurrencies = args.concurrency
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats()
-                lat = timed(lambda: run(one), device, args.latency_iters)
+                lat = timed_batches(run, [[g] for g in groups[:args.latency_iters + 1]], device)
                 questions = sum(len(p) for p, _ in one)
                 row = {"model": model_name, "workload": workload, "kind": "method", "method": method,
                        "questions_per_request": questions,
@@ -218,14 +280,16 @@ def bench(args) -> list[dict]:
                        "p50_ms": 1e3 * statistics.median(lat),
                        "p99_ms": 1e3 * sorted(lat)[min(len(lat) - 1, int(0.99 * len(lat)))]}
                 for c in concurrencies:
-                    batch = groups[:c]
-                    secs = timed(lambda: run(batch), device, args.rounds)
-                    row[f"qps_c{c}"] = sum(len(p) for p, _ in batch) * len(secs) / sum(secs)
+                    batches = [groups[i * c:(i + 1) * c] for i in range(args.rounds + 1)]
+                    secs = timed_batches(run, batches, device)
+                    row[f"qps_c{c}"] = sum(len(p) for b in batches[1:] for p, _ in b) / sum(secs)
                 row["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
                 emit(row)
                 tqdm.write(f"{model_name} {workload} {method}: p50 {row['p50_ms']:.1f} ms, "
                            + ", ".join(f"c{c} {row[f'qps_c{c}']:.1f} q/s" for c in concurrencies))
             model.selective_readout = True
+            if engine.graphs is not None:
+                engine.graphs.mode = "flat"
             if hf is not None:
                 del hf
         del engine, model
@@ -237,18 +301,24 @@ def bench(args) -> list[dict]:
 
 
 def print_table(rows: list[dict], concurrency) -> None:
-    head = f"{'model':14s} {'workload':9s} {'method':13s} {'p50 ms':>9s} {'p99 ms':>9s} " + " ".join(
+    head = f"{'model':14s} {'workload':9s} {'method':16s} {'p50 ms':>9s} {'p99 ms':>9s} " + " ".join(
         f"{'q/s c' + str(c):>10s}" for c in concurrency) + f" {'stream/prompt tok':>18s} {'peak MB':>9s}"
     print(head)
     for r in rows:
+        if r["kind"] == "graphs":
+            print(f"{r['model']:14s} {r['graphs']} CUDA graphs captured in {r['capture_s']:.1f} s")
+            continue
+        if r["kind"] == "skipped":
+            print(f"{r['model']:14s} {r['workload']:9s} {r['method']:16s} skipped: {r['reason']}")
+            continue
         if r["kind"] == "roofline":
-            print(f"{r['model']:14s} {r['workload']:9s} {'roofline':13s} {r['floor_ms']:9.2f} "
+            print(f"{r['model']:14s} {r['workload']:9s} {'roofline':16s} {r['floor_ms']:9.2f} "
                   f"(weights {r['floor_weights_ms']:.2f} ms, FLOPs {r['floor_flops_ms']:.2f} ms)")
             continue
         qps = " ".join(f"{r[f'qps_c{c}']:10.1f}" if f"qps_c{c}" in r else f"{'-':>10s}" for c in concurrency)
         tokens = f"{r['stream_tokens']}/{r['prompt_tokens']}" if r["stream_tokens"] is not None else f"-/{r['prompt_tokens']}"
         peak = f"{r['peak_gpu_mb']:9.0f}" if r["peak_gpu_mb"] else f"{'-':>9s}"
-        print(f"{r['model']:14s} {r['workload']:9s} {r['method']:13s} {r['p50_ms']:9.2f} {r['p99_ms']:9.2f} {qps} "
+        print(f"{r['model']:14s} {r['workload']:9s} {r['method']:16s} {r['p50_ms']:9.2f} {r['p99_ms']:9.2f} {qps} "
               f"{tokens:>18s} {peak}")
 
 
@@ -287,6 +357,7 @@ def main(argv=None) -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="shrink state and question lengths (smoke runs)")
     parser.add_argument("--latency-iters", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per concurrency")
+    parser.add_argument("--vary", action="store_true", help="vary state, question count and length per request")
     parser.add_argument("--out", default="decision.jsonl")
     parser.add_argument("--plot", default=None)
     args = parser.parse_args(argv)

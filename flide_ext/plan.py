@@ -64,6 +64,9 @@ class FlatPlan:
             :meth:`assign_slots`.
         resume: request index -> Resume, for requests resuming from a checkpoint.
         tree: the prefix tree of the (cut) prompts.
+        tables: the GPU kernels' precomputed round tables
+            (:class:`~flide_ext.kernels.tables.KernelTables`), or None: the
+            kernels derive what they need from the tensors above.
     """
 
     token_ids: torch.Tensor
@@ -86,6 +89,7 @@ class FlatPlan:
     resume: Mapping[int, Resume] = field(default_factory=dict)
     seg_slot: Optional[torch.Tensor] = None
     seg_initial_slot: Optional[torch.Tensor] = None
+    tables: Optional[object] = field(default=None, repr=False)
     _level_tables: Optional[list] = field(default=None, repr=False)
 
     @property

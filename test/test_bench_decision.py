@@ -15,7 +15,7 @@ def test_bench_decision_runs_every_method(tmp_path):
     out, plot = tmp_path / "d.jsonl", tmp_path / "d.png"
     run = subprocess.run([sys.executable, str(SCRIPT), "--models", "tiny-qwen3.5", "--device", "cpu", "--dtype",
                           "float32", "--workloads", "multirc", "--scale", "0.1", "--concurrency", "1", "2",
-                          "--latency-iters", "1", "--rounds", "1", "--out", str(out), "--plot", str(plot)],
+                          "--latency-iters", "1", "--rounds", "1", "--vary", "--out", str(out), "--plot", str(plot)],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -23,6 +23,9 @@ def test_bench_decision_runs_every_method(tmp_path):
     methods = {r["method"]: r for r in rows if r["kind"] == "method"}
     assert len(roofline) == 1 and roofline[0]["floor_ms"] > 0
     assert set(methods) == {"flide", "no_fork", "prefix_cache", "full_readout", "hf"}
+    # CUDA graphs cannot run on the CPU: those methods are recorded as skipped, with the reason.
+    skipped = {r["method"]: r["reason"] for r in rows if r["kind"] == "skipped"}
+    assert set(skipped) == {"no_graphs", "per_shape_graphs"} and all("CUDA" in r for r in skipped.values())
     # Flide computes each state once; one sequence per question recomputes it.
     assert methods["flide"]["stream_tokens"] < methods["no_fork"]["stream_tokens"] == methods["flide"]["prompt_tokens"]
     assert all(r["qps_c1"] > 0 and r["p50_ms"] > 0 for r in methods.values())

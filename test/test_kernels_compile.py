@@ -126,3 +126,32 @@ def test_conv1d_and_gated_delta_rule_compile_for_h200(monkeypatch):
     gdt.chunk_states_triton(q, q.repeat_interleave(2, dim=1), v, g, states, cu, torch.tensor([0, 1, 3]),
                             torch.tensor([-1, 0], dtype=torch.int32), torch.tensor([1, 2], dtype=torch.int32))
     assert _compiled(rec_conv, rec_rec, rec_states) == [len(levels), 1, 1]
+
+
+def test_table_driven_kernels_compile_for_h200(monkeypatch):
+    """The launches a CUDA graph replays: the tree-wide conv and its final-window
+    kernel, and the inter-chunk kernel reading its level range from the tables."""
+    from flide_ext.kernels.tables import TableCapacity, build_tables, to_device
+
+    plan = _plan()
+    parents = {seg.parent for seg in plan.tree.segments if seg.parent >= 0}
+    plan.assign_slots([s if s in parents else -1 for s in range(plan.num_segments)])
+    cap = TableCapacity(tokens=512, segments=16, levels=4)
+    tables = to_device(build_tables(plan, cap, conv_width=4, tokens_per_block=32, level_programs=17), "cpu")
+    T, H, HV, K, V = cap.tokens, 16, 32, 128, 128
+    C = 2 * H * K + HV * V
+    rec_conv = record(monkeypatch, conv, "_causal_conv1d_tree_kernel")
+    rec_window = record(monkeypatch, conv, "_final_window_kernel")
+    x = torch.zeros(T, C, dtype=torch.bfloat16)
+    pool = torch.zeros(plan.num_segments, C, 3, dtype=torch.bfloat16)
+    conv.causal_conv1d_tree_triton(x, torch.zeros(C, 4, dtype=torch.bfloat16), None, pool, tables.token_segment,
+                                   tables.seg_start, tables.seg_len, tables.conv_history, tables.history_slot,
+                                   tables.final_slot)
+    rec_states = record(monkeypatch, gdt, "_chunk_states_kernel")
+    k = torch.zeros(T, H, K, dtype=torch.bfloat16)
+    w = torch.zeros(T, HV, K, dtype=torch.bfloat16)
+    u = torch.zeros(T, HV, V, dtype=torch.bfloat16)
+    h = torch.zeros(cap.chunks, HV, K, V, dtype=torch.bfloat16)
+    states = torch.zeros(plan.num_segments, HV, K, V)
+    gdt.chunk_states_levels_triton(k, w, u, torch.zeros(T, HV), states, h, torch.empty_like(u), tables)
+    assert _compiled(rec_conv, rec_window, rec_states) == [1, 1, cap.levels]

@@ -72,6 +72,78 @@ def causal_conv1d_ref(
     return out
 
 
+def causal_conv1d_tree_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    conv_pool: torch.Tensor,
+    token_segment: torch.Tensor,
+    seg_start: torch.Tensor,
+    seg_len: torch.Tensor,
+    history: torch.Tensor,
+    history_slot: torch.Tensor,
+    final_slot: torch.Tensor,
+    activation: Optional[str] = "silu",
+) -> torch.Tensor:
+    """A whole prefix tree at once: each segment's first outputs read the inputs
+    before it on its path from the stream itself (its history rows), so no level
+    waits for another. Plain PyTorch reference, segment by segment.
+
+    Args:
+        x: ``[T, C]`` inputs of the flat stream.
+        weight, bias, activation: as :func:`causal_conv1d_ref`.
+        conv_pool: ``[N, C, W-1]`` window pool, ``x.dtype``: read for checkpoint
+            windows, written for final windows.
+        token_segment: ``[T]`` segment of each row (rows of a segment with no rows
+            of its own, e.g. padding, get zeros).
+        seg_start, seg_len: ``[S]`` stream rows of each segment.
+        history: ``[S, W-1]`` the inputs before each segment's first row, oldest
+            first: a stream row (>= 0), zero (-1), or ``-2 - h``: entry ``h`` of the
+            window in ``conv_pool[history_slot]``
+            (:func:`flide_ext.kernels.tables.conv_history`).
+        history_slot: ``[S]`` the checkpoint slot those entries read (-1: none).
+        final_slot: ``[S]`` slot receiving the window after the segment's last
+            row (-1: skip).
+
+    Returns:
+        ``[T, C]`` outputs (zeros on rows of no segment).
+
+    Raises:
+        ValueError: an unsupported activation.
+    """
+    T, C = x.shape
+    W = weight.shape[1]
+    out = torch.zeros_like(x)
+    w = weight.unsqueeze(1)
+    rows = zip(seg_start.tolist(), seg_len.tolist(), history.tolist(), history_slot.tolist(), final_slot.tolist())
+    for start, n, hist, slot, last in rows:
+        before = [x[e] if e >= 0 else conv_pool[slot][:, -2 - e].to(x.dtype) if e <= -2 else x.new_zeros(C)
+                  for e in hist]
+        window = torch.stack(before, dim=1) if before else x.new_zeros(C, 0)
+        seq = torch.cat([window, x[start : start + n].t()], dim=1)  # [C, W-1+n]
+        if n:
+            y = F.conv1d(seq.unsqueeze(0).to(weight.dtype), w, bias, groups=C)[0]
+            if activation == "silu":
+                y = F.silu(y)
+            elif activation is not None:
+                raise ValueError(f"activation {activation!r} is not supported")
+            out[start : start + n] = y.t().to(x.dtype)
+        if last >= 0:
+            conv_pool[last] = seq[:, seq.shape[1] - (W - 1) :].to(conv_pool.dtype)
+    return out
+
+
+def causal_conv1d_tree(*args, **kwargs) -> torch.Tensor:
+    """Dispatch; same signature as :func:`causal_conv1d_tree_ref`: the Triton
+    kernel on CUDA, the reference elsewhere or when :mod:`.dispatch` forces it."""
+    x = args[0] if args else kwargs["x"]
+    if use_triton(x):
+        from .causal_conv1d_triton import causal_conv1d_tree_triton
+
+        return causal_conv1d_tree_triton(*args, **kwargs)
+    return causal_conv1d_tree_ref(*args, **kwargs)
+
+
 def causal_conv1d(*args, **kwargs) -> torch.Tensor:
     """Dispatch; same signature as :func:`causal_conv1d_ref`: the Triton kernel
     (:mod:`.causal_conv1d_triton`) on CUDA, the reference elsewhere or when

@@ -137,3 +137,132 @@ def causal_conv1d_triton(
         HAS_BIAS=bias is not None, SILU=activation == "silu",
     )
     return out
+
+
+@triton.jit
+def _history_value(X, POOL, HISTORY, seg, slot, h, c, use, c_ok, stride_x, C, HIST: tl.constexpr):
+    # Input h (0 = oldest) of a segment's history: a stream row, a checkpoint
+    # window entry, or zero.
+    e = tl.load(HISTORY + seg * HIST + h, mask=use, other=-1)
+    xv = tl.load(X + tl.maximum(e, 0).to(tl.int64)[:, None] * stride_x + c[None, :],
+                 mask=(use & (e >= 0))[:, None] & c_ok[None, :], other=0.0)
+    wv = tl.load(POOL + slot.to(tl.int64) * C * HIST + c[None, :] * HIST + (-2 - e)[:, None],
+                 mask=(use & (e <= -2))[:, None] & c_ok[None, :], other=0.0)
+    return xv.to(tl.float32) + wv.to(tl.float32)
+
+
+@triton.jit
+def _causal_conv1d_tree_kernel(
+    X, WEIGHT, BIAS, POOL, OUT, TOKEN_SEG, SEG_START, SEG_LEN, HISTORY, HISTORY_SLOT,
+    T, C, stride_x, stride_out,
+    WIDTH: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+):
+    # One program per BLOCK_T consecutive stream rows (of any segments) and
+    # BLOCK_C channels: a row's taps before its segment read the segment's
+    # history rows, so the whole tree is one launch.
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = c < C
+    r_ok = rows < T
+    seg = tl.load(TOKEN_SEG + rows, mask=r_ok, other=0)
+    start = tl.load(SEG_START + seg, mask=r_ok, other=0)
+    n = tl.load(SEG_LEN + seg, mask=r_ok, other=0)
+    slot = tl.load(HISTORY_SLOT + seg, mask=r_ok, other=-1)
+    idx = rows - start
+    inside = r_ok & (idx >= 0) & (idx < n)
+    HIST: tl.constexpr = WIDTH - 1
+    taps = tl.arange(0, BLOCK_W)
+    weight = tl.load(WEIGHT + c[:, None] * WIDTH + taps[None, :], mask=c_ok[:, None] & (taps[None, :] < WIDTH),
+                     other=0.0).to(tl.float32)
+    acc = tl.zeros([BLOCK_T, BLOCK_C], tl.float32)
+    for tap in tl.static_range(WIDTH):
+        src = idx - HIST + tap
+        own = inside & (src >= 0)
+        xv = tl.load(X + (rows - HIST + tap).to(tl.int64)[:, None] * stride_x + c[None, :],
+                     mask=own[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+        hv = _history_value(X, POOL, HISTORY, seg, slot[:, None], HIST + src, c, inside & (src < 0), c_ok, stride_x, C,
+                            HIST)
+        w_tap = tl.sum(tl.where(taps[None, :] == tap, weight, 0.0), axis=1)
+        acc += (xv + hv) * w_tap[None, :]
+    if HAS_BIAS:
+        acc += tl.load(BIAS + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    acc = tl.where(inside[:, None], acc, 0.0)
+    tl.store(OUT + rows.to(tl.int64)[:, None] * stride_out + c[None, :], acc.to(OUT.dtype.element_ty),
+             mask=r_ok[:, None] & c_ok[None, :])
+
+
+@triton.jit
+def _final_window_kernel(
+    X, POOL, SEG_START, SEG_LEN, HISTORY, HISTORY_SLOT, FINAL, C, stride_x,
+    WIDTH: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    # The last W-1 inputs on the path up to a kept segment's end.
+    seg = tl.program_id(0)
+    last = tl.load(FINAL + seg)
+    if last >= 0:
+        HIST: tl.constexpr = WIDTH - 1
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        c_ok = c < C
+        start = tl.load(SEG_START + seg)
+        n = tl.load(SEG_LEN + seg)
+        slot = tl.load(HISTORY_SLOT + seg)
+        h = tl.arange(0, BLOCK_W)
+        h_ok = h < HIST
+        src = n - HIST + h
+        own = h_ok & (src >= 0)
+        xv = tl.load(X + (start + src).to(tl.int64)[:, None] * stride_x + c[None, :],
+                     mask=own[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+        hv = _history_value(X, POOL, HISTORY, seg, slot, HIST + src, c, h_ok & (src < 0), c_ok, stride_x, C, HIST)
+        tl.store(POOL + last.to(tl.int64) * C * HIST + c[None, :] * HIST + h[:, None],
+                 (xv + hv).to(POOL.dtype.element_ty), mask=h_ok[:, None] & c_ok[None, :])
+
+
+def causal_conv1d_tree_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    conv_pool: torch.Tensor,
+    token_segment: torch.Tensor,
+    seg_start: torch.Tensor,
+    seg_len: torch.Tensor,
+    history: torch.Tensor,
+    history_slot: torch.Tensor,
+    final_slot: torch.Tensor,
+    activation: Optional[str] = "silu",
+) -> torch.Tensor:
+    """Triton causal conv1d over a whole prefix tree in one launch (plus one
+    small launch writing the final windows of kept segments); arguments, shapes
+    and result as :func:`flide_ext.kernels.causal_conv1d.causal_conv1d_tree_ref`.
+    Tables are read as given (int32 from :mod:`.tables` avoids conversions).
+    The grid depends only on ``T``, ``C`` and ``S``, so the launch replays in a
+    CUDA graph for any round of the same table shapes.
+
+    Raises:
+        ValueError: an unsupported activation; ``conv_pool`` not contiguous.
+    """
+    if activation not in ("silu", None):
+        raise ValueError(f"activation {activation!r} is not supported")
+    T, C = x.shape
+    W = weight.shape[1]
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    check_written(conv_pool=conv_pool)
+    out = torch.empty_like(x)
+    if T == 0:
+        return out
+    tables = [t if t.is_contiguous() else t.contiguous() for t in (token_segment, seg_start, seg_len, history, history_slot)]
+    weight = weight.contiguous()
+    meta = dict(WIDTH=W, BLOCK_W=triton.next_power_of_2(W), BLOCK_C=BLOCK_C)
+    _causal_conv1d_tree_kernel[(triton.cdiv(T, BLOCK_T), triton.cdiv(C, BLOCK_C))](
+        x, weight, bias.contiguous() if bias is not None else weight, conv_pool, out, *tables,
+        T, C, x.stride(0), out.stride(0), BLOCK_T=BLOCK_T,
+        HAS_BIAS=bias is not None, SILU=activation == "silu", **meta,
+    )
+    if W > 1 and seg_start.numel():
+        _final_window_kernel[(seg_start.numel(), triton.cdiv(C, BLOCK_C))](
+            x, conv_pool, tables[1], tables[2], tables[3], tables[4], final_slot.contiguous(), C, x.stride(0), **meta,
+        )
+    return out

@@ -47,6 +47,7 @@ def fork_attention_ref(
     kv_positions: torch.Tensor,
     scale: float,
     sliding_window: Optional[int] = None,
+    tables: Optional[tuple] = None,
 ) -> torch.Tensor:
     """Plain PyTorch ForkAttention, segment by segment, accumulated in float64.
 
@@ -70,6 +71,7 @@ def fork_attention_ref(
         scale: softmax scale (usually ``D ** -0.5``).
         sliding_window: if set, key s is visible to query t only when
             ``positions[t] - kv_positions[s] < sliding_window``.
+        tables: the Triton kernel's precomputed metadata (ignored here).
 
     Returns:
         ``[T, Hq, Dv]`` in ``q.dtype``. Rows not covered by any segment are zero.

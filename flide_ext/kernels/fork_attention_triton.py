@@ -137,6 +137,13 @@ def _fork_attention_kernel(
 TILE_OVERRIDE = None
 
 
+def tokens_per_block(D: int, dtype: torch.dtype, group: int) -> int:
+    """Stream rows one program covers (the block size of the metadata tables)."""
+    BLOCK_M, _, _, _, pack = _tile_config(D, dtype, group)
+    pack = pack and group > 1 and BLOCK_M % group == 0
+    return BLOCK_M // group if pack else BLOCK_M
+
+
 def _tile_config(D: int, dtype: torch.dtype, group: int) -> tuple[int, int, int, int, bool]:
     if TILE_OVERRIDE is not None:
         return TILE_OVERRIDE
@@ -200,9 +207,15 @@ def fork_attention_triton(
     kv_positions: torch.Tensor,
     scale: float,
     sliding_window: Optional[int] = None,
+    tables: Optional[tuple] = None,
 ) -> torch.Tensor:
     """Triton ForkAttention; arguments, shapes and result as
     :func:`flide_ext.kernels.fork_attention.fork_attention_ref` (head sizes up to 256).
+
+    ``tables``: the round's precomputed metadata
+    (:attr:`flide_ext.kernels.tables.KernelTables.attention`, built for this
+    model's tile shape); then the launch's grid is the tables' block count and
+    nothing is derived from the segment tensors here (CUDA graphs).
 
     Float32 inputs use IEEE float32 dot products (no TF32); bf16/fp16 inputs use
     the tensor cores with float32 accumulation.
@@ -229,9 +242,10 @@ def fork_attention_triton(
     pack = pack and group > 1 and BLOCK_M % group == 0
     tokens_per_block = BLOCK_M // group if pack else BLOCK_M
     plan = (seg_parent, seg_start, seg_len, seg_kv_start, seg_kv_len)
-    total, block_seg, block_row, starts, lens, own, path_kv, path_offset, path_len = round_cache.get(
-        ("fork_attention", tokens_per_block), plan, lambda: _build_metadata(*plan, tokens_per_block)
-    )
+    if tables is None:
+        tables = round_cache.get(("fork_attention", tokens_per_block), plan,
+                                 lambda: _build_metadata(*plan, tokens_per_block))
+    total, block_seg, block_row, starts, lens, own, path_kv, path_offset, path_len = tables
     if total == 0:
         return out
     window = int(sliding_window) if sliding_window is not None else 0

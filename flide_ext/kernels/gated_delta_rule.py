@@ -193,6 +193,7 @@ def gated_delta_rule_tree_ref(
     levels: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
     use_qk_l2norm: bool = True,
     out: Optional[torch.Tensor] = None,
+    tables=None,
 ) -> torch.Tensor:
     """A whole prefix tree, level after level (each a :func:`chunk_gated_delta_rule_ref`
     call), so a level's segments read the slots the level before wrote.
@@ -202,6 +203,7 @@ def gated_delta_rule_tree_ref(
             :func:`chunk_gated_delta_rule_ref`.
         levels: per tree level ``(seg_start, seg_len, initial_slot, final_slot)``,
             ``[n]`` int64 each (:meth:`flide_ext.plan.FlatPlan.level_tables`).
+        tables: the GPU path's precomputed round tables (ignored here).
 
     Returns:
         ``[T, HV, V]`` in ``v.dtype``: ``out`` when given; rows outside every

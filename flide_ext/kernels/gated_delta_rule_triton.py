@@ -42,6 +42,7 @@ import triton.language as tl
 from .arguments import check_written
 from .gated_delta_rule import check_heads
 from .round_cache import round_cache
+from .tables import CHUNK
 
 # Longest segment (tokens) a level may hold and still run the recurrent kernel
 # when its segments start from parent states, where levels run one by one
@@ -116,14 +117,31 @@ def _recurrent_kernel(
 
 @triton.jit
 def _chunk_states_kernel(
-    K, W, U, G, H_OUT, V_NEW, POOL, CU, CHUNK_OFFSET, INITIAL, FINAL,
+    K, W, U, G, H_OUT, V_NEW, POOL, CU, CHUNK_OFFSET, INITIAL, FINAL, RANGE, seq_lo, seq_hi, level,
+    H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BT: tl.constexpr, HALF_K: tl.constexpr, BLOCK_V: tl.constexpr, IEEE: tl.constexpr,
+    RANGE_IN_MEMORY: tl.constexpr,
+):
+    # Sequences [seq_lo, seq_hi) (or the range RANGE holds for ``level``, so a
+    # CUDA graph replays the launch for any round) are spread over the grid's
+    # second axis, each program taking every num_programs(1)-th.
+    if RANGE_IN_MEMORY:
+        seq_lo = tl.load(RANGE + 2 * level)
+        seq_hi = tl.load(RANGE + 2 * level + 1)
+    for n in range(seq_lo + tl.program_id(1), seq_hi, tl.num_programs(1)):
+        _chunk_states_one(K, W, U, G, H_OUT, V_NEW, POOL, CU, CHUNK_OFFSET, INITIAL, FINAL, n,
+                          H, HV, DK, DV, BT, HALF_K, BLOCK_V, IEEE)
+
+
+@triton.jit
+def _chunk_states_one(
+    K, W, U, G, H_OUT, V_NEW, POOL, CU, CHUNK_OFFSET, INITIAL, FINAL, n,
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, HALF_K: tl.constexpr, BLOCK_V: tl.constexpr, IEEE: tl.constexpr,
 ):
     # The state's K rows are held as two register tiles of HALF_K rows (smaller
     # matrix operands, fewer registers per tile).
     vv = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
-    n = tl.program_id(1)
     hv = tl.program_id(2)
     h = hv // (HV // H)
     k1 = tl.arange(0, HALF_K)
@@ -228,11 +246,33 @@ def chunk_states_triton(
     BLOCK_V = min(BLOCK_V, triton.next_power_of_2(DV))
     _chunk_states_kernel[(triton.cdiv(DV, BLOCK_V), N, HV)](
         k.contiguous(), w.contiguous(), u.contiguous(), g_cum.contiguous(), h, v_new, state_pool,
-        cu_seqlens, chunk_offsets, initial_slot, final_slot,
+        cu_seqlens, chunk_offsets, initial_slot, final_slot, initial_slot, 0, N, 0,
         H=H, HV=HV, DK=DK, DV=DV, BT=chunk_size, HALF_K=max(16, triton.next_power_of_2(DK) // 2), BLOCK_V=BLOCK_V,
-        IEEE=k.dtype == torch.float32, num_warps=warps, num_stages=stages,
+        IEEE=k.dtype == torch.float32, RANGE_IN_MEMORY=False, num_warps=warps, num_stages=stages,
     )
     return h, v_new
+
+
+def chunk_states_levels_triton(k, w, u, g_cum, state_pool, h, v_new, tables) -> None:
+    """The inter-chunk step of a whole tree from its :class:`~flide_ext.kernels.tables.KernelTables`:
+    one launch per table level (padding levels are empty), each running the
+    level's segments (a range of the segment table, read on the device) over
+    ``tables.level_programs`` programs per value head. Rows, chunks and slots are
+    the tables' (absolute over the stream); writes ``h`` ``[NT, HV, K, V]``,
+    ``v_new`` ``[T, HV, V]`` and the kept final states in ``state_pool``.
+    """
+    T, HV, DV = u.shape
+    H, DK = k.shape[1], k.shape[2]
+    BLOCK_V, warps, stages = STATES_CONFIG
+    BLOCK_V = min(BLOCK_V, triton.next_power_of_2(DV))
+    t = tables
+    for level in range(t.num_levels):
+        _chunk_states_kernel[(triton.cdiv(DV, BLOCK_V), t.level_programs, HV)](
+            k, w, u, g_cum, h, v_new, state_pool, t.cu_seqlens, t.chunk_offsets, t.initial_slot, t.final_slot,
+            t.level_range, 0, 0, level,
+            H=H, HV=HV, DK=DK, DV=DV, BT=CHUNK, HALF_K=max(16, triton.next_power_of_2(DK) // 2), BLOCK_V=BLOCK_V,
+            IEEE=k.dtype == torch.float32, RANGE_IN_MEMORY=True, num_warps=warps, num_stages=stages,
+        )
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -617,9 +657,16 @@ def gated_delta_rule_tree_triton(
     levels,
     use_qk_l2norm: bool = True,
     out: Optional[torch.Tensor] = None,
+    tables=None,
 ) -> torch.Tensor:
     """A whole prefix tree on the GPU; arguments and result as
     :func:`flide_ext.kernels.gated_delta_rule.gated_delta_rule_tree_ref`.
+
+    With ``tables`` (the round's :class:`~flide_ext.kernels.tables.KernelTables`)
+    every step runs over all ``T`` rows with the tables' fixed-size chunk and
+    level tables (``levels`` and ``out`` are not used), so the pass replays in
+    a CUDA graph for any round the tables hold; rows past the round are zeros.
+    Without fla-core the state-free steps run through their references.
 
     Only the inter-chunk step depends on a segment's initial state, so everything
     else runs once over the tree's segments as one varlen batch, exactly as
@@ -646,6 +693,9 @@ def gated_delta_rule_tree_triton(
     T, HV, _ = v.shape
     check_heads(k.shape[1], HV)
     check_written(state_pool=state_pool)
+    if tables is not None:
+        return _table_pass(tables, chunk_steps() or reference_steps(), q, k, v, g, beta, scale, state_pool,
+                           use_qk_l2norm)
     levels = list(levels)
     steps = chunk_steps() if levels else None
     meta = tree_meta(levels) if steps is not None else None
@@ -688,3 +738,19 @@ def _chunk_pass(meta: TreeMeta, steps: ChunkSteps, q, k, v, g, beta, scale, stat
                             level.initial, level.final, 64, level.num_chunks,
                             h=h[c0:c0 + level.num_chunks], v_new=v_new[a:b])
     return steps.output(qs, ks, v_new, h, g_cum, scale, cu, ci)
+
+
+def _table_pass(tables, steps: ChunkSteps, q, k, v, g, beta, scale, state_pool, use_qk_l2norm):
+    # The chunked algorithm over every row with the round's fixed-size tables:
+    # padding rows belong to no sequence, and their outputs are set to zero.
+    cu, ci = tables.cu_seqlens, tables.chunk_indices
+    if use_qk_l2norm:
+        q, k = steps.l2norm(q), steps.l2norm(k)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    g_cum = steps.local_cumsum(g, cu, ci)
+    w, u = steps.wy(k, v, g_cum, beta, cu, ci)
+    h = torch.empty(ci.shape[0], v.shape[1], k.shape[2], v.shape[2], dtype=k.dtype, device=v.device)
+    v_new = torch.empty_like(u)
+    chunk_states_levels_triton(k, w.contiguous(), u.contiguous(), g_cum.contiguous(), state_pool, h, v_new, tables)
+    o = steps.output(q, k, v_new, h, g_cum, scale, cu, ci)
+    return torch.where(tables.row_valid[:, None, None], o, 0).to(v.dtype)

@@ -78,6 +78,7 @@ class ForkSelfAttention(nn.Module):
         o = fork_attention(
             q, k, v, plan.seg_parent, plan.seg_start, plan.seg_len, plan.seg_kv_start, plan.seg_kv_len,
             plan.positions, plan.kv_positions, self.scale, self.sliding_window,
+            tables=plan.tables.attention if plan.tables is not None else None,
         ).reshape(T, -1)
         if self.gated:
             o = o * torch.sigmoid(gate)

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.causal_conv1d import causal_conv1d
+from ..kernels.causal_conv1d import causal_conv1d, causal_conv1d_tree
+from ..kernels.dispatch import use_triton
 from ..kernels.gated_delta_rule import gated_delta_rule_tree
 from .linear import Linear
 from .norm import GatedRMSNorm
@@ -76,11 +77,17 @@ class GatedDeltaNet(nn.Module):
         weight = self.conv1d.weight.squeeze(1)
         conv_pool, state_pool = pool.conv[self.index], pool.recurrent[self.index]
 
-        # Each level writes its own rows; a level's segments read the slots the
-        # level before wrote.
-        conv_out = torch.empty_like(mixed)
-        for level in plan.level_tables():
-            causal_conv1d(mixed, weight, None, conv_pool, *level, activation="silu", out=conv_out)
+        tables = plan.tables
+        if tables is not None:
+            # The whole tree at once: a segment's first taps read its history rows.
+            conv_out = causal_conv1d_tree(mixed, weight, None, conv_pool, tables.token_segment, tables.seg_start,
+                                          tables.seg_len, tables.conv_history, tables.history_slot, tables.final_slot)
+        else:
+            # Each level writes its own rows; a level's segments read the slots the
+            # level before wrote.
+            conv_out = torch.empty_like(mixed)
+            for level in plan.level_tables():
+                causal_conv1d(mixed, weight, None, conv_pool, *level, activation="silu", out=conv_out)
         q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(T, self.num_k_heads, self.head_k_dim)
         k = k.reshape(T, self.num_k_heads, self.head_k_dim)
@@ -91,8 +98,11 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(b.double()).to(b.dtype)
         g = (-self.A_log.double().exp() * F.softplus(a.double() + self.dt_bias.double())).float()
 
-        o = gated_delta_rule_tree(q, k, v, g, beta, self.head_k_dim**-0.5, state_pool, plan.level_tables(),
-                                  use_qk_l2norm=True)
+        # With tables, the GPU pass needs no level tables (and building them
+        # would add launches to a CUDA graph).
+        levels = () if tables is not None and use_triton(v) else plan.level_tables()
+        o = gated_delta_rule_tree(q, k, v, g, beta, self.head_k_dim**-0.5, state_pool, levels,
+                                  use_qk_l2norm=True, tables=tables)
         o = self.norm(o, z).reshape(T, -1)
         return self.out_proj(o)
 

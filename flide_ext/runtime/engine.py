@@ -22,6 +22,8 @@ from ..models.loader import load_model
 from ..plan import Resume, plan_round
 from ..requests import TokenAnswer, TokenRequest, check_token_request, parse_token_request
 from .checkpoints import Checkpoint, CheckpointStore, concat_kv
+from .graph_runner import MODES, GraphCapacity, GraphRunner, default_capacities
+from .round_buffers import device_round
 from .rounds import RoundCapacity, pack_round, request_size
 from .state_pool import StatePool
 
@@ -111,6 +113,13 @@ class Engine:
             (:class:`~flide_ext.runtime.rounds.RoundCapacity`); the batch methods
             split their requests into rounds within it and refuse a request no
             round can hold.
+        cuda_graphs: ``"flat"`` (CUDA graphs over a few stream capacities,
+            captured at start), ``"per_shape"`` (one graph per round shape,
+            captured when first seen) or ``"off"``
+            (:mod:`~flide_ext.runtime.graph_runner`); default ``"flat"`` on CUDA.
+            Only ``"off"`` is possible on the CPU.
+        graph_capacities: the flat graphs' capacities (default
+            :func:`~flide_ext.runtime.graph_runner.default_capacities` of the round capacity).
 
     Raises:
         ModelLoadError: the model cannot be found or loaded, or the device does not exist.
@@ -131,6 +140,8 @@ class Engine:
         checkpoint_max_tokens: int = 1 << 18,
         round_capacity: Optional[RoundCapacity] = None,
         model=None,
+        cuda_graphs: Optional[str] = None,
+        graph_capacities: Optional[Sequence[GraphCapacity]] = None,
     ):
         if isinstance(dtype, str):
             if dtype not in _DTYPES:
@@ -143,6 +154,12 @@ class Engine:
                 raise ValueError(f"{name} must be a non-negative integer, not {value!r}")
         self.round_capacity = round_capacity or RoundCapacity()
         self.device = _check_device(device)
+        on_gpu = self.device.type == "cuda"
+        cuda_graphs = cuda_graphs or ("flat" if on_gpu else "off")
+        if cuda_graphs not in MODES:
+            raise ValueError(f"cuda_graphs {cuda_graphs!r} is not one of {', '.join(MODES)}")
+        if cuda_graphs != "off" and not on_gpu:
+            raise ValueError(f"cuda_graphs {cuda_graphs!r} needs a CUDA device")
         self.dtype = dtype
         if model is None:
             self.path = resolve_model_path(model_path)
@@ -156,6 +173,7 @@ class Engine:
         self.tokenizer_path = tokenizer_path or str(self.path)
         self._renderer = None
         self.last_round = RoundStats()
+        self.last_graph = None  # the graph capacity the last round replayed (None: eager)
         self.state_pool = None
         if self.model.num_gdn_layers:
             recurrent_shape, conv_shape = self.model.gdn_state_shapes()
@@ -163,13 +181,24 @@ class Engine:
             # handed from parent to child (or kept as a checkpoint) loses no bits
             # against running the whole prompt at once.
             exact = self.device.type == "cpu" and dtype == torch.float32
+            # On the GPU the pool starts with a slot for every request of a full
+            # round plus every checkpoint, so it rarely grows (growing replaces
+            # its tensors, and CUDA graphs over them are captured again).
+            slots = self.round_capacity.requests + checkpoint_capacity if on_gpu else 8
             self.state_pool = StatePool(
-                recurrent_shape, conv_shape, self.model.num_gdn_layers, dtype, self.device,
+                recurrent_shape, conv_shape, self.model.num_gdn_layers, dtype, self.device, capacity=max(slots, 1),
                 recurrent_dtype=torch.float64 if exact else torch.float32,
             )
         release = self.state_pool.release if self.state_pool is not None else (lambda slots: None)
         self.checkpoints = CheckpointStore(checkpoint_capacity, release, checkpoint_max_tokens)
         self._lock = threading.RLock()
+        self.graphs = None
+        if on_gpu:
+            capacities = graph_capacities or default_capacities(self.round_capacity.tokens,
+                                                                self.round_capacity.segments)
+            self.graphs = GraphRunner(self.model, self.state_pool, capacities, cuda_graphs)
+            with torch.inference_mode():
+                self.graphs.capture()
 
     @property
     def renderer(self):
@@ -242,7 +271,9 @@ class Engine:
                 for i in range(layers)
             ]
 
-        plan = plan_round(requests, prompts, self.device, resume)
+        # On the GPU the plan is built on the host and reaches the device in one
+        # copy with every kernel's tables (round_buffers).
+        plan = plan_round(requests, prompts, "cpu" if self.graphs is not None else self.device, resume)
         slots = []
         if self.state_pool is not None:
             # Only segments whose final state someone reads get a slot: parents,
@@ -255,7 +286,8 @@ class Engine:
         capture = [] if any(keep_state) else None
         kept: set = set()
         try:
-            logprobs = self.model(plan, self.state_pool, kv_prefix, capture).cpu()  # [R, vocab]
+            logprobs = self._forward(plan, kv_prefix, capture)  # [>= R, vocab] on the device
+            label_logprobs = self._gather_labels(logprobs, plan.prompt_readout.tolist(), labels)
             kept = self._keep_checkpoints(plan, groups, keep_state, resumed, slots, capture)
         finally:
             if self.state_pool is not None:
@@ -263,10 +295,9 @@ class Engine:
 
         for seg in plan.tree.segments:
             self.last_request_stream_tokens[seg.request] += len(seg.tokens)
-        rows = plan.prompt_readout.tolist()
         answers: List[List[List[float]]] = [[] for _ in groups]
-        for r, row, ids in zip(requests, rows, labels):
-            answers[r].append(logprobs[row, ids].tolist())
+        for r, values in zip(requests, label_logprobs):
+            answers[r].append(values)
         self.last_round = RoundStats(
             requests=len(groups),
             questions=len(prompts),
@@ -277,6 +308,29 @@ class Engine:
             resumed_tokens=sum(len(c) for c in resumed.values()),
         )
         return answers
+
+    def _forward(self, plan, kv_prefix, capture) -> torch.Tensor:
+        if self.graphs is None:
+            return self.model(plan, self.state_pool, kv_prefix, capture)
+        if kv_prefix is None and capture is None:
+            logprobs, self.last_graph = self.graphs.run(plan)
+            return logprobs
+        # Checkpoints (a varying key prefix, captured K/V) run eagerly.
+        self.last_graph = None
+        device_plan = device_round(plan, self.graphs.spec, self.device)
+        return self.model(device_plan, self.state_pool, kv_prefix, capture)
+
+    def _gather_labels(self, logprobs: torch.Tensor, rows: list, labels: list) -> list:
+        # Only the labels' log-probabilities leave the device.
+        flat_rows = [row for row, ids in zip(rows, labels) for _ in ids]
+        flat_ids = [i for ids in labels for i in ids]
+        index = torch.tensor([flat_rows, flat_ids], dtype=torch.long).to(logprobs.device, non_blocking=True)
+        values = logprobs[index[0], index[1]].tolist()
+        out, at = [], 0
+        for ids in labels:
+            out.append(values[at:at + len(ids)])
+            at += len(ids)
+        return out
 
     def _keep_checkpoints(self, plan, groups, keep_state, resumed, slots, capture) -> set:
         """Store the states asked for; returns the segments whose slots now belong

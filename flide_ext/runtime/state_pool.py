@@ -36,6 +36,9 @@ class StatePool:
         ]
         self.conv = [torch.zeros(capacity, *self.conv_shape, dtype=conv_dtype, device=device) for _ in range(num_layers)]
         self.free = list(range(capacity))
+        #: Bumped whenever the pool grows (its tensors are replaced): CUDA graphs
+        #: captured over the old tensors must be captured again.
+        self.generation = 0
 
     @property
     def capacity(self) -> int:
@@ -51,6 +54,7 @@ class StatePool:
             ]
             self.conv = [torch.cat([t, torch.zeros(grow, *t.shape[1:], dtype=t.dtype, device=t.device)]) for t in self.conv]
             self.free.extend(range(old, old + grow))
+            self.generation += 1
         taken, self.free = self.free[:n], self.free[n:]
         return taken
 

@@ -1,0 +1,253 @@
+"""Every kernel's metadata for one round, built on the host in one pass.
+
+The Triton kernels index a round's topology through small integer tables
+(ForkAttention's segment paths and query blocks, the causal conv's history rows,
+the GDN pass's chunk and level tables). Built on the host from the plan, they
+reach the GPU in one copy per round, and the kernels never wait on the device
+to size a launch. Built at a *capacity* larger than the round, every table has
+a fixed shape and every launch a fixed grid, so one CUDA graph serves any round
+that fits (:mod:`flide_ext.runtime.graph_runner`).
+
+Padding follows one rule: entries past the round's own point at the *padding
+segment*, the table's last entry, which has no rows, no keys, no parent and no
+slots, so a program given it finds nothing to read or write. Stream rows past
+the round's own belong to it too: kernels write zeros there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ..tree import MAX_TREE_DEPTH
+
+# GDN chunk length (fla-core's chunked kernels).
+CHUNK = 64
+
+
+@dataclass(frozen=True)
+class TableCapacity:
+    """Sizes every table is padded to.
+
+    Attributes:
+        tokens: stream rows.
+        segments: segments (real and checkpoint); the tables hold one more, the
+            padding segment.
+        levels: tree levels (one inter-chunk launch each in a GDN layer).
+    """
+
+    tokens: int
+    segments: int
+    levels: int
+
+    @property
+    def chunks(self) -> int:
+        """Upper bound of GDN chunks: every segment adds at most one partial chunk."""
+        return -(-self.tokens // CHUNK) + self.segments
+
+    def blocks(self, tokens_per_block: int) -> int:
+        """Upper bound of ForkAttention query blocks."""
+        return -(-self.tokens // tokens_per_block) + self.segments
+
+
+@dataclass
+class KernelTables:
+    """One round's kernel metadata (device tensors; int32 unless noted).
+
+    ``S1`` is the table's segment count (capacity + 1, the last entry the padding
+    segment), ``T`` its stream rows.
+
+    Attributes:
+        attention: ForkAttention's ``(num_blocks, block_seg [NB], block_row [NB],
+            seg_start [S1], seg_len [S1], own_offset [S1], path_kv [S1, D],
+            path_offset [S1, D], path_len [S1, D])`` with ``D = MAX_TREE_DEPTH + 1``
+            (:func:`.fork_attention_triton.path_tables`).
+        token_segment: ``[T]`` segment of each row (the padding segment past the round).
+        seg_start, seg_len: ``[S1]`` stream rows of each segment.
+        conv_history: ``[S1, W-1]`` the ``W-1`` conv inputs before each segment's
+            first row on its path, oldest first: a stream row (>= 0), zero (-1), or
+            entry ``-2 - h`` of the window in ``conv_pool[history_slot]`` (a
+            checkpoint's).
+        history_slot: ``[S1]`` state slot of the checkpoint a segment's path starts
+            from (-1: none).
+        initial_slot, final_slot: ``[S1]`` GDN state slots each segment starts from
+            and ends in (-1: zeros / not kept).
+        cu_seqlens: ``[S1 + 1]`` int64 row bounds of the segments as fla varlen
+            sequences.
+        chunk_indices: ``[NT, 2]`` int64 fla's (sequence, chunk) pairs; padding
+            pairs name the padding segment.
+        chunk_offsets: ``[S1 + 1]`` first chunk of each segment.
+        level_range: ``[L, 2]`` first and end segment index of each tree level
+            (padding levels are empty).
+        num_levels: ``L``.
+        level_programs: programs per value head and block in one inter-chunk launch.
+        row_valid: ``[T]`` bool, False past the round's rows.
+        padding_segment: ``S1 - 1``.
+    """
+
+    attention: tuple
+    token_segment: torch.Tensor
+    seg_start: torch.Tensor
+    seg_len: torch.Tensor
+    conv_history: torch.Tensor
+    history_slot: torch.Tensor
+    initial_slot: torch.Tensor
+    final_slot: torch.Tensor
+    cu_seqlens: torch.Tensor
+    chunk_indices: torch.Tensor
+    chunk_offsets: torch.Tensor
+    level_range: torch.Tensor
+    num_levels: int
+    level_programs: int
+    row_valid: torch.Tensor
+    padding_segment: int
+
+
+def conv_history(parent, start, length, request, resumed, width: int) -> np.ndarray:
+    """``[S, width-1]`` int64 history table (see :attr:`KernelTables.conv_history`).
+
+    Args:
+        parent, start, length, request: per real segment (lists or arrays), the
+            tree parent (-1 root), first stream row, rows, request.
+        resumed: requests whose roots continue a checkpoint's conv window.
+        width: the conv kernel width W.
+    """
+    W1 = width - 1
+    S = len(length)
+    hist = np.full((S, W1), -1, dtype=np.int64)
+    if S == 0 or W1 == 0:
+        return hist
+    parent = np.asarray(parent, dtype=np.int64)
+    start = np.asarray(start, dtype=np.int64)
+    length = np.asarray(length, dtype=np.int64)
+    # The common case at once: a parent at least W-1 rows long holds the whole history.
+    p = np.maximum(parent, 0)
+    simple = (parent >= 0) & (length[p] >= W1)
+    ends = start[p] + length[p]
+    hist[simple] = ends[simple, None] - W1 + np.arange(W1)[None, :]
+    for s in np.flatnonzero(~simple):
+        rows, node = [], int(parent[s])
+        root = s
+        while len(rows) < W1 and node >= 0:
+            take = min(W1 - len(rows), int(length[node]))
+            end = int(start[node] + length[node])
+            rows.extend(range(end - 1, end - 1 - take, -1))
+            root, node = node, int(parent[node])
+        while node >= 0:  # the root of the path, for its checkpoint
+            root, node = node, int(parent[node])
+        entries = rows[::-1]
+        missing = W1 - len(entries)
+        if missing and int(request[root]) in resumed:
+            # The newest missing inputs are the checkpoint window's last entries.
+            entries = [-2 - h for h in range(W1 - missing, W1)] + entries
+        else:
+            entries = [-1] * missing + entries
+        hist[s] = entries
+    return hist
+
+
+def build_tables(plan, capacity: Optional[TableCapacity], conv_width: int, tokens_per_block: int,
+                 level_programs: Optional[int] = None) -> dict:
+    """The tables of a round as host (CPU) tensors, padded to ``capacity``.
+
+    Args:
+        plan: the round's :class:`~flide_ext.plan.FlatPlan` with CPU tensors and
+            slots assigned (models with GDN layers).
+        capacity: sizes to pad to; None pads to the round itself (plus the
+            padding segment).
+        conv_width: the GDN conv kernel width (any value >= 1 without GDN layers).
+        tokens_per_block: ForkAttention's query rows per program.
+        level_programs: programs per inter-chunk launch (default: the largest level).
+
+    Returns:
+        The fields of :class:`KernelTables` as CPU tensors (``attention`` a tuple).
+
+    Raises:
+        ValueError: the round does not fit ``capacity``.
+    """
+    from .fork_attention_triton import _build_metadata
+
+    T, S_all, L = plan.num_tokens, int(plan.seg_start.numel()), plan.num_levels
+    S = plan.num_segments
+    if capacity is None:
+        capacity = TableCapacity(max(T, 1), S_all, max(L, 1))
+    if T > capacity.tokens or S_all > capacity.segments or L > capacity.levels:
+        raise ValueError(f"a round of {T} tokens, {S_all} segments and {L} levels does not fit {capacity}")
+    S1, pad = capacity.segments + 1, capacity.segments
+    n_pad = S1 - S_all
+
+    def padded(t, fill, n=n_pad):
+        return torch.cat([t.long(), torch.full((n,), fill, dtype=torch.long)])
+
+    seg_start = padded(plan.seg_start, T)
+    seg_len = padded(plan.seg_len, 0)
+    parent = padded(plan.seg_parent, -1)
+    kv_start = padded(plan.seg_kv_start, 0)
+    kv_len = padded(plan.seg_kv_len, 0)
+    num_blocks, block_seg, block_row, starts, lens, own, path_kv, path_offset, path_len = _build_metadata(
+        parent, seg_start, seg_len, kv_start, kv_len, tokens_per_block)
+    NB = capacity.blocks(tokens_per_block)
+    block_seg = torch.cat([block_seg, torch.full((NB - num_blocks,), pad, dtype=torch.int32)])
+    block_row = torch.cat([block_row, torch.zeros(NB - num_blocks, dtype=torch.int32)])
+    attention = (NB, block_seg, block_row, starts, lens, own, path_kv, path_offset, path_len)
+
+    token_segment = torch.cat([plan.token_segment.int(), torch.full((capacity.tokens - T,), pad, dtype=torch.int32)])
+    W1 = max(conv_width - 1, 0)
+    history = torch.full((S1, W1), -1, dtype=torch.long)
+    history_slot = torch.full((S1,), -1, dtype=torch.long)
+    tree_parent = [seg.parent for seg in plan.tree.segments]
+    requests = [seg.request for seg in plan.tree.segments]
+    resumed = set(plan.resume)
+    history[:S] = torch.from_numpy(conv_history(tree_parent, plan.seg_start[:S].numpy(), plan.seg_len[:S].numpy(),
+                                                requests, resumed, conv_width))
+    for s in range(S):
+        root = plan.tree.path(s)[0] if tree_parent[s] >= 0 else s
+        r = requests[root]
+        if r in plan.resume:
+            history_slot[s] = plan.resume[r].slot
+    initial = torch.full((S1,), -1, dtype=torch.long)
+    final = torch.full((S1,), -1, dtype=torch.long)
+    if plan.seg_slot is not None:
+        initial[:S], final[:S] = plan.seg_initial_slot, plan.seg_slot
+
+    chunks = (seg_len + CHUNK - 1) // CHUNK
+    chunk_offsets = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(chunks, 0)])
+    NT_real = int(chunk_offsets[-1])
+    NT = capacity.chunks
+    seq = torch.repeat_interleave(torch.arange(S1), chunks)
+    within = torch.arange(NT_real) - chunk_offsets[seq]
+    chunk_indices = torch.cat([torch.stack([seq, within], 1),
+                               torch.tensor([[pad, 0]], dtype=torch.long).expand(NT - NT_real, 2)])
+    cu_seqlens = torch.cat([seg_start, torch.tensor([T], dtype=torch.long)])
+
+    level_range = torch.zeros(capacity.levels, 2, dtype=torch.long)
+    widest = 1
+    for d, members in enumerate(plan.levels):
+        first, last = int(members.min()), int(members.max()) + 1
+        if last - first != members.numel():
+            raise ValueError("a tree level's segments must be consecutive in the segment table")
+        level_range[d] = torch.tensor([first, last])
+        widest = max(widest, last - first)
+    row_valid = torch.zeros(capacity.tokens, dtype=torch.bool)
+    row_valid[:T] = True
+    return dict(
+        attention=attention, token_segment=token_segment, seg_start=seg_start.int(), seg_len=seg_len.int(),
+        conv_history=history.int(), history_slot=history_slot.int(), initial_slot=initial.int(),
+        final_slot=final.int(), cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
+        chunk_offsets=chunk_offsets.int(), level_range=level_range.int(), num_levels=capacity.levels,
+        level_programs=level_programs or widest, row_valid=row_valid, padding_segment=pad,
+    )
+
+
+def to_device(host: dict, device) -> KernelTables:
+    """:class:`KernelTables` from :func:`build_tables`' host tensors, copied to ``device``."""
+    moved = {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in host.items()}
+    att = host["attention"]
+    moved["attention"] = (att[0],) + tuple(t.to(device, non_blocking=True) for t in att[1:])
+    return KernelTables(**moved)
+
+
+__all__ = ["CHUNK", "KernelTables", "TableCapacity", "build_tables", "conv_history", "to_device", "MAX_TREE_DEPTH"]

@@ -1,0 +1,253 @@
+"""Flat CUDA graphs: a few graphs over fixed stream capacities serve every round.
+
+At start the runner captures one CUDA graph per :class:`GraphCapacity` (stream
+tokens x segments x readout rows, and tree levels). A graph's inputs are the
+static device buffers of a :class:`~.round_buffers.RoundBuffers`: the round's
+token ids and positions, its segment table, every kernel's tables and the
+readout rows, all padded to the capacity (:mod:`flide_ext.kernels.tables`), so
+a round of any mix of requests replays the smallest graph that holds it.
+Selective readout (final norm and LM head on the readout rows) is inside the
+graph.
+
+Modes (the ablation switches):
+
+* ``flat``: the graphs above.
+* ``per_shape``: one graph per exact round shape (tokens, segments, levels,
+  readout rows), captured the first time that shape is seen, as graph runners
+  keyed by batch shape do; a new mix of requests means a new capture.
+* ``off``: no graphs; the same kernels and tables, launched one by one.
+
+Rounds the graphs cannot hold run eagerly: rounds that resume from or keep
+checkpoints (their key prefix and captured K/V vary), and rounds larger or
+deeper than every capacity.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from ..kernels.tables import TableCapacity
+from ..plan import FlatPlan, plan_round
+from .round_buffers import RoundBuffers, device_round
+
+logger = logging.getLogger(__name__)
+
+MODES = ("flat", "per_shape", "off")
+# Programs per value head and block of one inter-chunk launch in a graph
+# (each takes every LEVEL_PROGRAMS-th segment of its level).
+LEVEL_PROGRAMS = 256
+# Graphs per_shape mode keeps (least recently used dropped first).
+PER_SHAPE_GRAPHS = 64
+
+
+@dataclass(frozen=True)
+class GraphCapacity:
+    """One graph's capacity.
+
+    Attributes:
+        tokens: stream rows.
+        segments: segments; also the readout rows (each readout row ends a segment).
+        levels: tree levels.
+    """
+
+    tokens: int
+    segments: int
+    levels: int = 4
+
+    def __post_init__(self):
+        for name in ("tokens", "segments", "levels"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"graph capacity {name} must be a positive integer, not {value!r}")
+
+    @property
+    def tables(self) -> TableCapacity:
+        return TableCapacity(self.tokens, self.segments, self.levels)
+
+    def holds(self, tokens: int, segments: int, levels: int, readouts: int) -> bool:
+        return tokens <= self.tokens and segments <= self.segments and levels <= self.levels and readouts <= self.segments
+
+
+def parse_capacities(text: str, levels: int = 4) -> list[GraphCapacity]:
+    """``"512:32,4096:256"`` (tokens:segments, comma separated) -> capacities.
+
+    Raises:
+        ValueError: naming the entry that is not ``tokens:segments`` of positive integers.
+    """
+    out = []
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            out.append(GraphCapacity(int(parts[0]), int(parts[1]), levels))
+        except ValueError:
+            raise ValueError(f"graph capacity {item.strip()!r} is not tokens:segments (positive integers)") from None
+    return out
+
+
+def default_capacities(tokens: int, segments: int, levels: int = 4, smallest: int = 256) -> list[GraphCapacity]:
+    """Token capacities doubling from ``smallest`` to ``tokens``, each with a
+    segment capacity of one per 16 tokens (at least 8, at most ``segments``);
+    the largest equals the round capacity, so every round that fits a round fits a graph."""
+    out, t = [], min(smallest, tokens)
+    while t < tokens:
+        out.append(GraphCapacity(t, min(segments, max(8, t // 16)), levels))
+        t *= 2
+    out.append(GraphCapacity(tokens, segments, levels))
+    return out
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """What the kernel tables need to know of a model.
+
+    Attributes:
+        conv_width: the GDN conv kernel width (1 without GDN layers).
+        tokens_per_block: ForkAttention's stream rows per program.
+    """
+
+    conv_width: int
+    tokens_per_block: int
+
+    @classmethod
+    def of(cls, model, dtype: torch.dtype) -> "TableSpec":
+        from ..kernels.fork_attention_triton import tokens_per_block
+
+        width = 1
+        for layer in model.model.layers:
+            mixer = getattr(layer, "linear_attn", None)
+            if mixer is not None:
+                width = mixer.kernel
+                break
+        attn = next((getattr(layer, "self_attn") for layer in model.model.layers if hasattr(layer, "self_attn")), None)
+        block = 64
+        if attn is not None:
+            block = tokens_per_block(attn.head_dim, dtype, attn.num_heads // attn.num_kv_heads)
+        return cls(width, block)
+
+    def level_programs(self, capacity: Optional[TableCapacity]) -> Optional[int]:
+        return None if capacity is None else min(capacity.segments + 1, LEVEL_PROGRAMS)
+
+
+class _Graph:
+    def __init__(self, capacity: GraphCapacity):
+        self.capacity = capacity
+        self.buffers: Optional[RoundBuffers] = None
+        self.graph: Optional[torch.cuda.CUDAGraph] = None
+        self.output: Optional[torch.Tensor] = None
+
+
+class GraphRunner:
+    """Runs rounds of one model through CUDA graphs over static buffers.
+
+    Args:
+        model: the Flide model (on a CUDA device).
+        state_pool: the engine's GDN StatePool (None for attention-only models);
+            its tensors must not be replaced while graphs live (the runner
+            recaptures when the pool grows).
+        capacities: the flat graphs' capacities (``flat`` mode).
+        mode: one of :data:`MODES`.
+
+    Attributes:
+        capture_seconds: wall time of the last :meth:`capture` (flat mode).
+        replays, eager_rounds, captures: counts since start.
+    """
+
+    def __init__(self, model, state_pool, capacities: Sequence[GraphCapacity], mode: str = "flat"):
+        if mode not in MODES:
+            raise ValueError(f"graph mode {mode!r} is not one of {', '.join(MODES)}")
+        self.model, self.state_pool, self.mode = model, state_pool, mode
+        self.device = model.lm_head.weight.device
+        self.dtype = model.lm_head.weight.dtype
+        self.spec = TableSpec.of(model, self.dtype)
+        self.capacities = sorted(set(capacities), key=lambda c: (c.tokens, c.segments, c.levels))
+        self._graphs: dict = {}  # flat graphs by capacity
+        self._shaped: "OrderedDict[GraphCapacity, _Graph]" = OrderedDict()  # per_shape graphs
+        self._pool = None
+        self._pool_generation = self._generation()
+        self.capture_seconds = 0.0
+        self.replays = self.eager_rounds = self.captures = 0
+
+    def _generation(self):
+        return getattr(self.state_pool, "generation", 0)
+
+    def capture(self) -> float:
+        """Capture every flat graph (largest first, sharing one memory pool);
+        returns the seconds it took. Nothing to do in the other modes."""
+        if self.mode != "flat":
+            return 0.0
+        start = time.perf_counter()
+        for capacity in sorted(self.capacities, key=lambda c: -c.tokens):
+            self._capture(capacity)
+        torch.cuda.synchronize(self.device)
+        self.capture_seconds = time.perf_counter() - start
+        logger.info("captured %d CUDA graphs in %.1f s", len(self._graphs), self.capture_seconds)
+        return self.capture_seconds
+
+    def _capture(self, capacity: GraphCapacity, into: Optional[dict] = None) -> _Graph:
+        entry = _Graph(capacity)
+        entry.buffers = RoundBuffers(self.device)
+        # Any round that fits fixes the buffers' layout; its values do not matter.
+        plan = plan_round([0], [[0] * min(capacity.tokens, 8)], "cpu")
+        if self.state_pool is not None:
+            plan.assign_slots([-1])
+        device_plan = device_round(plan, self.spec, self.device, capacity.tables, capacity.segments, entry.buffers)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream), torch.inference_mode():
+            self.model(device_plan, self.state_pool)  # compiles and tunes kernels outside the capture
+            torch.cuda.synchronize(self.device)
+            entry.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(entry.graph, pool=self._pool, stream=stream):
+                entry.output = self.model(device_plan, self.state_pool)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        if self._pool is None:
+            self._pool = entry.graph.pool()
+        (self._graphs if into is None else into)[capacity] = entry
+        self.captures += 1
+        return entry
+
+    def _pick(self, plan: FlatPlan) -> Optional[GraphCapacity]:
+        size = (plan.num_tokens, int(plan.seg_start.numel()), plan.num_levels, int(plan.readout_rows.numel()))
+        if self.mode == "per_shape":
+            return GraphCapacity(size[0], max(size[1], size[3]), size[2])
+        return next((c for c in self.capacities if c.holds(*size)), None)
+
+    def run(self, plan: FlatPlan) -> tuple[torch.Tensor, Optional[GraphCapacity]]:
+        """Run a round given as a host plan (slots assigned, no checkpoints).
+
+        Returns:
+            ``([R', vocab] float32 log-probabilities on the device, whose first R
+            rows are the plan's readout rows; the capacity replayed, or None when
+            the round ran eagerly)``.
+        """
+        if self._generation() != self._pool_generation:
+            # The state pool grew: its tensors moved, so every graph is stale.
+            self._graphs.clear()
+            self._shaped.clear()
+            self._pool_generation = self._generation()
+            if self.mode == "flat":
+                logger.warning("GDN state pool grew; recapturing CUDA graphs")
+                self.capture()
+        capacity = None if self.mode == "off" else self._pick(plan)
+        if capacity is None:
+            self.eager_rounds += 1
+            return self.model(device_round(plan, self.spec, self.device), self.state_pool), None
+        if self.mode == "per_shape":
+            entry = self._shaped.get(capacity) or self._capture(capacity, self._shaped)
+            self._shaped.move_to_end(capacity)
+            while len(self._shaped) > PER_SHAPE_GRAPHS:
+                self._shaped.popitem(last=False)
+        else:
+            entry = self._graphs.get(capacity) or self._capture(capacity)
+        device_round(plan, self.spec, self.device, capacity.tables, capacity.segments, entry.buffers)
+        entry.graph.replay()
+        self.replays += 1
+        return entry.output, capacity

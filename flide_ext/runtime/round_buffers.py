@@ -1,0 +1,172 @@
+"""A round's plan and kernel tables on the device, in one host-to-device copy.
+
+The engine plans a round on the host. Everything the forward pass reads (the
+plan's tensors, every kernel's tables) is packed into one pinned byte buffer and
+copied with one transfer into a device byte buffer, of which the device tensors
+are views. A :class:`RoundBuffers` built for a capacity keeps that device buffer
+and its views for its whole life, so a CUDA graph captured over them replays any
+later round written into them (:mod:`.graph_runner`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from typing import Optional
+
+import torch
+
+from ..kernels.tables import KernelTables, TableCapacity, build_tables
+from ..plan import FlatPlan
+
+# Plan tensors the forward pass reads, padded to a capacity by pad_plan.
+_ROW_FIELDS = ("token_ids", "positions", "token_segment")
+_SEGMENT_FIELDS = ("seg_parent", "seg_start", "seg_len", "seg_kv_start", "seg_kv_len", "seg_logical_start",
+                   "seg_request", "seg_depth", "seg_slot", "seg_initial_slot")
+_ALIGN = 16
+# Read on the host only (which readout row answers which prompt).
+_HOST_FIELDS = ("prompt_readout",)
+
+
+def pad_plan(plan: FlatPlan, capacity: TableCapacity, readouts: int) -> FlatPlan:
+    """The plan with its tensors padded to ``capacity`` (host tensors in, host out).
+
+    Padding rows hold token 0 at position 0 in the padding segment (index
+    ``capacity.segments``); padding segments have no rows, keys, parent or slots;
+    padding readout rows read row 0. ``levels`` stay the round's own.
+
+    Raises:
+        ValueError: the round does not fit (tokens, segments, levels or ``readouts``).
+    """
+    T, S_all, R = plan.num_tokens, int(plan.seg_start.numel()), int(plan.readout_rows.numel())
+    if T > capacity.tokens or S_all > capacity.segments or plan.num_levels > capacity.levels or R > readouts:
+        raise ValueError(f"a round of {T} tokens, {S_all} segments, {plan.num_levels} levels and {R} readout "
+                         f"rows does not fit {capacity} with {readouts} readout rows")
+    if plan.num_prefix_rows:
+        raise ValueError("a round resuming from checkpoints is not padded (its key prefix varies)")
+    pad_seg = capacity.segments
+
+    def grow(t, size, fill):
+        return torch.cat([t, torch.full((size - t.numel(),), fill, dtype=t.dtype)]) if t is not None else None
+
+    fill = {"token_ids": 0, "positions": 0, "token_segment": pad_seg, "seg_start": T, "seg_parent": -1,
+            "seg_request": -1, "seg_depth": -1, "seg_slot": -1, "seg_initial_slot": -1}
+    changes = {name: grow(getattr(plan, name), capacity.tokens, fill[name]) for name in _ROW_FIELDS}
+    for name in _SEGMENT_FIELDS:
+        changes[name] = grow(getattr(plan, name), capacity.segments + 1, fill.get(name, 0))
+    changes["kv_positions"] = changes["positions"]
+    changes["readout_rows"] = grow(plan.readout_rows, readouts, 0)
+    return replace(plan, _level_tables=None, **changes)
+
+
+def _layout(named: dict) -> tuple[list, int]:
+    entries, offset = [], 0
+    for name, t in named.items():
+        nbytes = t.numel() * t.element_size()
+        entries.append((name, offset, t.dtype, tuple(t.shape)))
+        offset += -(-nbytes // _ALIGN) * _ALIGN
+    return entries, offset
+
+
+def _flatten(plan: FlatPlan, tables: Optional[dict], with_levels: bool) -> dict:
+    named = {}
+    for f in fields(FlatPlan):
+        value = getattr(plan, f.name)
+        if isinstance(value, torch.Tensor) and f.name not in _HOST_FIELDS:
+            named[f.name] = value
+    if with_levels:
+        for d, level in enumerate(plan.levels):
+            named[f"level{d}"] = level
+    if tables is not None:
+        for name, value in tables.items():
+            if name == "attention":
+                for i, t in enumerate(value[1:]):
+                    named[f"attention{i}"] = t
+            elif isinstance(value, torch.Tensor):
+                named[name] = value
+    return {k: v.contiguous() for k, v in named.items()}
+
+
+class RoundBuffers:
+    """Device views of one round's plan and tables in one device byte buffer.
+
+    Args:
+        device: where the buffer lives.
+
+    :meth:`write` packs a host plan (and its tables) into pinned memory and
+    copies it in; the first write fixes the layout, and later writes must have
+    the same tensor shapes (a capacity's padded rounds do), so the views, and
+    graphs captured over them, stay valid.
+    """
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self._layout = None
+        self._host = self._device = None
+        self._views: dict = {}
+
+    def write(self, plan: FlatPlan, tables: Optional[dict] = None, with_levels: bool = True) -> FlatPlan:
+        """Copy ``plan`` (host tensors) and ``tables`` (:func:`~flide_ext.kernels.tables.build_tables`
+        output) to the device; returns the device plan, with ``tables`` as
+        :class:`~flide_ext.kernels.tables.KernelTables` when given.
+
+        Raises:
+            ValueError: the shapes differ from the buffers' first round.
+        """
+        named = _flatten(plan, tables, with_levels)
+        layout, size = _layout(named)
+        if self._layout is None:
+            self._layout = layout
+            pin = self.device.type == "cuda"
+            self._host = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
+            self._device = torch.empty(size, dtype=torch.uint8, device=self.device)
+            for name, offset, dtype, shape in layout:
+                n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+                self._views[name] = self._device[offset:offset + n].view(dtype).view(shape)
+        elif layout != self._layout:
+            raise ValueError("a round's tensors do not match the buffers' layout")
+        for name, offset, dtype, shape in layout:
+            t = named[name]
+            n = t.numel() * t.element_size()
+            self._host[offset:offset + n].view(dtype).view(shape).copy_(t)
+        if self.device.type == "cpu":
+            self._device.copy_(self._host)
+        else:
+            # The pinned buffer is reused by the next write: the copy must have
+            # finished before it is overwritten, which the round's readout
+            # (a device-to-host copy on the same stream) guarantees.
+            self._device.copy_(self._host, non_blocking=True)
+        return self._device_plan(plan, tables, with_levels)
+
+    def _device_plan(self, plan: FlatPlan, tables: Optional[dict], with_levels: bool) -> FlatPlan:
+        v = self._views
+        changes = {f.name: v[f.name] for f in fields(FlatPlan) if f.name in v}
+        if with_levels:
+            changes["levels"] = [v[f"level{d}"] for d in range(len(plan.levels))]
+        if tables is not None:
+            att = tables["attention"]
+            kernel = {name: (v[name] if name in v else value) for name, value in tables.items() if name != "attention"}
+            kernel["attention"] = (att[0],) + tuple(v[f"attention{i}"] for i in range(len(att) - 1))
+            changes["tables"] = KernelTables(**kernel)
+        return replace(plan, _level_tables=None, **changes)
+
+
+def device_round(plan: FlatPlan, spec, device, capacity: Optional[TableCapacity] = None,
+                 readouts: Optional[int] = None, buffers: Optional[RoundBuffers] = None) -> FlatPlan:
+    """Pad (when ``capacity`` is given), build the kernel tables and copy a host
+    plan to ``device`` through ``buffers`` (a fresh :class:`RoundBuffers` if None).
+
+    Args:
+        plan: the round's host plan (slots assigned).
+        spec: the model's :class:`~flide_ext.runtime.graph_runner.TableSpec`
+            (None: no kernel tables, e.g. for the CPU references).
+        capacity, readouts: sizes to pad to (graph rounds), or None for the round's own.
+    """
+    buffers = buffers or RoundBuffers(device)
+    tables = None
+    if capacity is not None:
+        padded = pad_plan(plan, capacity, readouts or int(plan.readout_rows.numel()))
+    else:
+        padded = plan
+    if spec is not None:
+        tables = build_tables(plan, capacity, spec.conv_width, spec.tokens_per_block, spec.level_programs(capacity))
+    return buffers.write(padded, tables, with_levels=capacity is None)

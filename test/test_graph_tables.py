@@ -1,0 +1,236 @@
+"""The flat-graph runtime's CPU-testable parts: kernel tables built on the host,
+padded to a capacity; the tree-wide causal conv; the table-driven GDN pass; the
+one-copy round buffers; the graph runner's capacities and its eager mode.
+
+What a CUDA graph replays is exactly these tables and kernels over static
+buffers; capture and replay themselves run on the H200
+(``benchmark/kernels/check_graphs.py``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flide_ext.kernels import dispatch
+from flide_ext.kernels.causal_conv1d import causal_conv1d_ref, causal_conv1d_tree_ref
+from flide_ext.kernels.causal_conv1d_triton import causal_conv1d_tree_triton
+from flide_ext.kernels.fork_attention_triton import _build_metadata
+from flide_ext.kernels.tables import TableCapacity, build_tables, conv_history
+from flide_ext.plan import Resume, plan_round
+from flide_ext.runtime.graph_runner import (
+    GraphCapacity,
+    GraphRunner,
+    TableSpec,
+    default_capacities,
+    parse_capacities,
+)
+from flide_ext.runtime.round_buffers import RoundBuffers, device_round, pad_plan
+
+
+def _round(seed=3, state=70):
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randint(3, 200, (state,), generator=gen).tolist()
+    requests = [0, 0, 0, 0, 1]
+    prompts = [base + [201], base + [202, 203, 204], base + [202, 203, 9, 9], base + [205] * 9, [7, 8, 9, 10, 11]]
+    return requests, prompts
+
+
+def _planned(model, requests, prompts, resume=None):
+    plan = plan_round(requests, prompts, "cpu", resume)
+    if model.num_gdn_layers:
+        # Every parent keeps its state in a slot (the engine's rule).
+        parents = {seg.parent for seg in plan.tree.segments if seg.parent >= 0}
+        plan.assign_slots([s if s in parents else -1 for s in range(plan.num_segments)])
+    return plan
+
+
+def _pool(engine):
+    pool = engine.state_pool
+    if pool is not None and pool.capacity < 16:
+        pool.allocate(16)
+        pool.release(range(16))
+    return pool
+
+
+def test_attention_and_gdn_tables_match_the_round(tiny_dirs):
+    from flide_ext import Engine
+
+    engine = Engine(str(tiny_dirs["qwen3_5"]))
+    plan = _planned(engine.model, *_round())
+    cap = TableCapacity(tokens=256, segments=16, levels=4)
+    t = build_tables(plan, cap, conv_width=4, tokens_per_block=16)
+    want = _build_metadata(plan.seg_parent, plan.seg_start, plan.seg_len, plan.seg_kv_start, plan.seg_kv_len, 16)
+    S, n = plan.num_segments, want[0]
+    NB, block_seg, block_row, starts, lens, own, path_kv, path_offset, path_len = t["attention"]
+    assert NB == cap.blocks(16) and block_seg.shape == (NB,)
+    assert torch.equal(block_seg[:n], want[1]) and torch.equal(block_row[:n], want[2])
+    assert bool((block_seg[n:] == cap.segments).all())  # padding blocks name the padding segment
+    for got, ref in zip((starts, lens, own, path_kv, path_offset, path_len), want[3:]):
+        assert torch.equal(got[:S], ref)
+        assert got.shape[0] == cap.segments + 1
+    assert int(lens[S:].abs().sum()) == 0 and int(path_len[S:].abs().sum()) == 0
+    # fla's chunk table: every real chunk once, in stream order, then padding.
+    chunks = [(s, c) for s in range(S) for c in range(-(-int(plan.seg_len[s]) // 64))]
+    assert t["chunk_indices"].shape == (cap.chunks, 2)
+    assert t["chunk_indices"][: len(chunks)].tolist() == [list(p) for p in chunks]
+    assert bool((t["chunk_indices"][len(chunks):, 0] == cap.segments).all())
+    assert t["cu_seqlens"][: S + 1].tolist() == plan.seg_start.tolist() + [plan.num_tokens]
+    # Levels: consecutive ranges of the segment table, then empty padding levels.
+    ranges = t["level_range"].tolist()
+    assert ranges[: plan.num_levels] == [[int(l.min()), int(l.max()) + 1] for l in plan.levels]
+    assert all(a == b for a, b in ranges[plan.num_levels:])
+    assert t["row_valid"].sum() == plan.num_tokens
+    with pytest.raises(ValueError, match="does not fit"):
+        build_tables(plan, TableCapacity(64, 16, 4), 4, 16)
+
+
+def _conv_case():
+    # Roots: one resumed from a checkpoint window (slot 5); a child of 2 rows;
+    # its child, whose history reaches through the short parent into the root;
+    # a 1-row root and its child (history partly zeros).
+    parent, length, request = [-1, 0, 1, -1, 3], [10, 2, 5, 1, 3], [0, 0, 0, 1, 1]
+    start = [0, 10, 12, 17, 18]
+    return parent, length, request, start, 21
+
+
+def test_conv_history_rows():
+    parent, length, request, start, _ = _conv_case()
+    hist = conv_history(parent, start, length, request, {0}, 4).tolist()
+    assert hist == [[-2, -3, -4], [7, 8, 9], [9, 10, 11], [-1, -1, -1], [-1, -1, 17]]
+
+
+def test_tree_conv_equals_level_conv_and_triton():
+    """The tree-wide conv (history rows) gives the level-by-level conv's outputs
+    and final windows; the Triton kernel (interpreted) gives the reference's."""
+    parent, length, request, start, T = _conv_case()
+    gen = torch.Generator().manual_seed(4)
+    C, W = 40, 4
+    x = torch.randn(T + 3, C, generator=gen)  # 3 padding rows
+    weight, bias = torch.randn(C, W, generator=gen), torch.randn(C, generator=gen)
+    pool = torch.randn(8, C, W - 1, generator=gen)
+    pad = len(length)
+    token_segment = torch.tensor([s for s in range(pad) for _ in range(length[s])] + [pad] * 3)
+    seg_start, seg_len = torch.tensor(start + [T]), torch.tensor(length + [0])
+    history = torch.cat([torch.tensor(conv_history(parent, start, length, request, {0}, W)), torch.full((1, W - 1), -1)])
+    history_slot = torch.tensor([5, 5, 5, -1, -1, -1])
+    final = torch.tensor([1, 2, 6, 3, 7, -1])
+    pools = [pool.clone() for _ in range(3)]
+    got = causal_conv1d_tree_ref(x, weight, bias, pools[0], token_segment, seg_start, seg_len, history, history_slot, final)
+    levels = [[0, 3], [1, 4], [2]]
+    initial = [5, 1, 2, -1, 3]
+    want = torch.zeros_like(x)
+    for segs in levels:
+        pick = lambda values: torch.tensor([values[s] for s in segs])  # noqa: E731
+        causal_conv1d_ref(x, weight, bias, pools[1], pick(start), pick(length), pick(initial), pick(final.tolist()),
+                          out=want)
+    assert torch.equal(got, want)
+    assert torch.equal(pools[0], pools[1])
+    fast = causal_conv1d_tree_triton(x, weight, bias, pools[2], *(t.int() for t in (token_segment, seg_start, seg_len,
+                                                                                      history, history_slot, final)))
+    torch.testing.assert_close(fast, got, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pools[2], pools[0], rtol=0, atol=0)
+    assert bool((fast[T:] == 0).all())  # padding rows
+
+
+def _logprobs(model, plan, pool):
+    with torch.inference_mode():
+        return model(plan, pool)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3"])
+def test_padded_round_gives_the_same_answers(tiny_dirs, family):
+    """A round padded to a larger capacity (padding rows, spare segments and
+    levels, padding readout rows) answers its questions with the same bits
+    (reference kernels), and with the kernel tables through the Triton kernels
+    (interpreted) the same as without padding."""
+    from flide_ext import Engine
+
+    engine = Engine(str(tiny_dirs[family]))
+    model, pool = engine.model, _pool(engine)
+    plan = _planned(model, *_round())
+    R = int(plan.readout_rows.numel())
+    want = _logprobs(model, plan, pool)
+    cap = TableCapacity(tokens=160, segments=12, levels=3)
+    padded = device_round(plan, None, "cpu", cap, readouts=12)
+    assert padded.num_tokens == 160 and padded.readout_rows.numel() == 12
+    got = _logprobs(model, padded, pool)
+    assert torch.equal(got[:R], want)
+    assert torch.isfinite(got).all()
+    spec = TableSpec.of(model, torch.float32)
+    with dispatch.force_triton():
+        exact = _logprobs(model, device_round(plan, spec, "cpu"), pool)
+        wide = _logprobs(model, device_round(plan, spec, "cpu", cap, 12), pool)
+    torch.testing.assert_close(exact, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(wide[:R], exact, rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(wide).all()
+
+
+def test_reused_buffers_forget_the_last_round(tiny_dirs):
+    """Static buffers written by a large round and then a small one answer the
+    small one as fresh buffers do (nothing stale is read), through the tables
+    and Triton kernels (interpreted)."""
+    from flide_ext import Engine
+
+    engine = Engine(str(tiny_dirs["qwen3_5"]))
+    model, pool = engine.model, _pool(engine)
+    spec = TableSpec.of(model, torch.float32)
+    cap = TableCapacity(tokens=200, segments=12, levels=3)
+    big = _planned(model, *_round(seed=5, state=120))
+    small = _planned(model, [0, 0], [[5, 6, 7, 8, 9, 10], [5, 6, 7, 11]])
+    buffers = RoundBuffers("cpu")
+    with dispatch.force_triton():
+        _logprobs(model, device_round(big, spec, "cpu", cap, 12, buffers), pool)
+        reused = _logprobs(model, device_round(small, spec, "cpu", cap, 12, buffers), pool)
+        fresh = _logprobs(model, device_round(small, spec, "cpu", cap, 12), pool)
+    assert torch.equal(reused[:2], fresh[:2])
+    with pytest.raises(ValueError, match="layout"):
+        device_round(small, spec, "cpu", TableCapacity(tokens=100, segments=12, levels=3), 12, buffers)
+
+
+def test_pad_plan_refuses_what_does_not_fit(tiny_dirs):
+    from flide_ext import Engine
+
+    engine = Engine(str(tiny_dirs["qwen3"]))
+    plan = _planned(engine.model, *_round())
+    with pytest.raises(ValueError, match="does not fit"):
+        pad_plan(plan, TableCapacity(tokens=80, segments=12, levels=3), 12)
+    with pytest.raises(ValueError, match="does not fit"):
+        pad_plan(plan, TableCapacity(tokens=200, segments=12, levels=1), 12)
+    resumed = plan_round([0], [[1, 2, 3, 4]], "cpu", {0: Resume(2, -1, 0)})
+    with pytest.raises(ValueError, match="checkpoints"):
+        pad_plan(resumed, TableCapacity(tokens=200, segments=12, levels=3), 12)
+
+
+def test_capacities():
+    caps = default_capacities(65536, 4096)
+    assert caps[0] == GraphCapacity(256, 16) and caps[-1] == GraphCapacity(65536, 4096)
+    assert [c.tokens for c in caps] == [256 * 2**i for i in range(9)]
+    assert all(c.segments <= 4096 for c in caps)
+    assert default_capacities(100, 5) == [GraphCapacity(100, 5)]
+    assert parse_capacities("512:32, 4096:256", levels=3) == [GraphCapacity(512, 32, 3), GraphCapacity(4096, 256, 3)]
+    for bad in ("512", "512:0", "a:b", "512:32:1", ""):
+        with pytest.raises(ValueError, match="graph capacity"):
+            parse_capacities(bad)
+    assert GraphCapacity(512, 32, 2).holds(512, 32, 2, 32)
+    assert not GraphCapacity(512, 32, 2).holds(512, 32, 3, 1)
+
+
+def test_runner_without_graphs_answers_as_the_engine(tiny_dirs):
+    """The runner's eager mode (tables built on the host, kernels launched one by
+    one) gives the engine's answers; graph modes need a CUDA device."""
+    from flide_ext import Engine
+
+    engine = Engine(str(tiny_dirs["qwen3_5"]))
+    model, pool = engine.model, _pool(engine)
+    plan = _planned(model, *_round())
+    runner = GraphRunner(model, pool, default_capacities(1024, 64), mode="off")
+    with torch.inference_mode():
+        got, capacity = runner.run(plan)
+    assert capacity is None and runner.eager_rounds == 1
+    assert torch.equal(got, _logprobs(model, plan, pool))
+    with pytest.raises(ValueError, match="graph mode"):
+        GraphRunner(model, pool, [], mode="sometimes")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        Engine(str(tiny_dirs["qwen3_5"]), cuda_graphs="flat")
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        Engine(str(tiny_dirs["qwen3_5"]), cuda_graphs="always")
