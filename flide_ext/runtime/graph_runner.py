@@ -43,7 +43,7 @@ MODES = ("flat", "per_shape", "off")
 # (each takes every LEVEL_PROGRAMS-th segment of its level).
 LEVEL_PROGRAMS = 256
 # Graphs per_shape mode keeps (least recently used dropped first).
-PER_SHAPE_GRAPHS = 64
+PER_SHAPE_GRAPHS = 16
 
 
 @dataclass(frozen=True)
@@ -157,6 +157,7 @@ class GraphRunner:
 
     Attributes:
         capture_seconds: wall time of the last :meth:`capture` (flat mode).
+        capture_log: seconds per graph of the last :meth:`capture`, largest first.
         replays, eager_rounds, captures: counts since start.
     """
 
@@ -173,6 +174,7 @@ class GraphRunner:
         self._pool = None
         self._pool_generation = self._generation()
         self.capture_seconds = 0.0
+        self.capture_log: list[float] = []
         self.replays = self.eager_rounds = self.captures = 0
 
     def _generation(self):
@@ -184,8 +186,11 @@ class GraphRunner:
         if self.mode != "flat":
             return 0.0
         start = time.perf_counter()
+        self.capture_log = []
         for capacity in sorted(self.capacities, key=lambda c: -c.tokens):
+            t0 = time.perf_counter()
             self._capture(capacity)
+            self.capture_log.append(time.perf_counter() - t0)
         torch.cuda.synchronize(self.device)
         self.capture_seconds = time.perf_counter() - start
         logger.info("captured %d CUDA graphs in %.1f s", len(self._graphs), self.capture_seconds)
