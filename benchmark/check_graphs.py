@@ -99,6 +99,22 @@ def main(argv=None) -> int:
     record("capture, kernels compiled", again <= 60, capture_s=again,
            per_graph_s=[round(s, 2) for s in runner.capture_log])
     largest = runner.capacities[-1]
+    # Where a single request's time goes: host tables and copy, then the replay.
+    for workload in args.workloads:
+        groups = requests_for(workload, 12, config.vocab_size, 1.0, seed=7)
+        runner.mode = "flat"
+        totals, hosts = [], []
+        for g in groups:
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            engine.run_round([g])
+            totals.append(1e3 * (time.perf_counter() - t1))
+            hosts.append(runner.last_host_ms)
+        used = engine.last_graph
+        record(f"{workload} single request, flat graph", used is not None, p50_ms=sorted(totals)[6],
+               host_tables_ms=sorted(hosts)[6], graph=[used.tokens, used.segments] if used else None,
+               graph_replay_ms=runner._graphs[used].replay_ms if used else None,
+               stream_tokens=engine.last_round.stream_tokens, launch_ms=runner.launch_ms)
     for workload in args.workloads:
         for vary in (False, True):
             for count in (1, 8) if workload == "quality" else (1, 8, 64):

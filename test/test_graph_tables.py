@@ -204,8 +204,13 @@ def test_pad_plan_refuses_what_does_not_fit(tiny_dirs):
 def test_capacities():
     caps = default_capacities(65536, 4096)
     assert caps[0] == GraphCapacity(256, 16) and caps[-1] == GraphCapacity(65536, 4096)
-    assert [c.tokens for c in caps] == [256 * 2**i for i in range(9)]
+    tokens = [c.tokens for c in caps]
+    # Each at most 2**(1/4) times the last (plus rounding to 64 rows): a round
+    # pads at most ~19% of its tokens.
+    assert all(b <= a * 2**0.25 + 64 and b > a for a, b in zip(tokens, tokens[1:]))
+    assert all(t % 64 == 0 for t in tokens) and 25 <= len(caps) <= 40
     assert all(c.segments <= 4096 for c in caps)
+    assert [c.tokens for c in default_capacities(65536, 4096, step=2.0)] == [256 * 2**i for i in range(9)]
     assert default_capacities(100, 5) == [GraphCapacity(100, 5)]
     assert parse_capacities("512:32, 4096:256", levels=3) == [GraphCapacity(512, 32, 3), GraphCapacity(4096, 256, 3)]
     for bad in ("512", "512:0", "a:b", "512:32:1", ""):

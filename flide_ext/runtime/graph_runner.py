@@ -19,7 +19,10 @@ Modes (the ablation switches):
 
 Rounds the graphs cannot hold run eagerly: rounds that resume from or keep
 checkpoints (their key prefix and captured K/V vary), and rounds larger or
-deeper than every capacity.
+deeper than every capacity. So do rounds large enough that their own GPU time,
+without padding, beats the padded graph's (at capture each graph's replay and
+one eager forward of the smallest capacity are timed): their launches hide
+behind the GPU work anyway.
 """
 
 from __future__ import annotations
@@ -92,14 +95,20 @@ def parse_capacities(text: str, levels: int = 4) -> list[GraphCapacity]:
     return out
 
 
-def default_capacities(tokens: int, segments: int, levels: int = 4, smallest: int = 256) -> list[GraphCapacity]:
-    """Token capacities doubling from ``smallest`` to ``tokens``, each with a
-    segment capacity of one per 16 tokens (at least 8, at most ``segments``);
-    the largest equals the round capacity, so every round that fits a round fits a graph."""
+def default_capacities(tokens: int, segments: int, levels: int = 4, smallest: int = 256,
+                       step: float = 2 ** 0.25) -> list[GraphCapacity]:
+    """Token capacities from ``smallest`` to ``tokens``, each ``step`` times the
+    last (rounded up to 64 rows), each with a segment capacity of one per 16
+    tokens (at least 8, at most ``segments``); the largest equals the round
+    capacity, so every round that fits a round fits a graph.
+
+    The step bounds the padding a round computes in vain (a 4B-sized model is
+    compute-bound from a few hundred tokens on, so padded rows cost time): at
+    most ``step - 1`` of its tokens, 19% by default, against 100% for doubling."""
     out, t = [], min(smallest, tokens)
     while t < tokens:
         out.append(GraphCapacity(t, min(segments, max(8, t // 16)), levels))
-        t *= 2
+        t = max(t + 64, -(-int(t * step) // 64) * 64)
     out.append(GraphCapacity(tokens, segments, levels))
     return out
 
@@ -142,6 +151,7 @@ class _Graph:
         self.buffers: Optional[RoundBuffers] = None
         self.graph: Optional[torch.cuda.CUDAGraph] = None
         self.output: Optional[torch.Tensor] = None
+        self.replay_ms = 0.0  # one replay, measured after capture
 
 
 class GraphRunner:
@@ -159,6 +169,7 @@ class GraphRunner:
         capture_seconds: wall time of the last :meth:`capture` (flat mode).
         capture_log: seconds per graph of the last :meth:`capture`, largest first.
         replays, eager_rounds, captures: counts since start.
+        launch_ms: wall time of one eager forward of the smallest capacity.
     """
 
     def __init__(self, model, state_pool, capacities: Sequence[GraphCapacity], mode: str = "flat"):
@@ -172,10 +183,15 @@ class GraphRunner:
         self._graphs: dict = {}  # flat graphs by capacity
         self._shaped: "OrderedDict[GraphCapacity, _Graph]" = OrderedDict()  # per_shape graphs
         self._pool = None
+        # Every graph writes its log-probabilities into one shared buffer (one
+        # graph replays at a time), so graphs do not each keep [rows, vocab].
+        self._output: Optional[torch.Tensor] = None
+        self.launch_ms = 0.0  # an eager forward of the smallest capacity: launch-bound time
         self._pool_generation = self._generation()
         self.capture_seconds = 0.0
         self.capture_log: list[float] = []
         self.replays = self.eager_rounds = self.captures = 0
+        self.last_host_ms = 0.0  # host time of the last replayed round's tables and copy
 
     def _generation(self):
         return getattr(self.state_pool, "generation", 0)
@@ -191,7 +207,14 @@ class GraphRunner:
             t0 = time.perf_counter()
             self._capture(capacity)
             self.capture_log.append(time.perf_counter() - t0)
+        smallest = self.capacities[0]
+        plan = self._graphs[smallest].plan
+        self.model(plan, self.state_pool)
         torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        self.model(plan, self.state_pool)
+        torch.cuda.synchronize(self.device)
+        self.launch_ms = 1e3 * (time.perf_counter() - t0)
         self.capture_seconds = time.perf_counter() - start
         logger.info("captured %d CUDA graphs in %.1f s", len(self._graphs), self.capture_seconds)
         return self.capture_seconds
@@ -204,6 +227,11 @@ class GraphRunner:
         if self.state_pool is not None:
             plan.assign_slots([-1])
         device_plan = device_round(plan, self.spec, self.device, capacity.tables, capacity.segments, entry.buffers)
+        entry.plan = device_plan
+        if self._output is None:
+            rows = max(c.segments for c in self.capacities + [capacity])
+            vocab = self.model.lm_head.weight.shape[0]
+            self._output = torch.empty(rows, vocab, dtype=torch.float32, device=self.device)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream), torch.inference_mode():
@@ -211,8 +239,16 @@ class GraphRunner:
             torch.cuda.synchronize(self.device)
             entry.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(entry.graph, pool=self._pool, stream=stream):
-                entry.output = self.model(device_plan, self.state_pool)
+                logprobs = self.model(device_plan, self.state_pool)
+                entry.output = self._output[: logprobs.shape[0]]
+                entry.output.copy_(logprobs)
+                del logprobs
         torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        entry.graph.replay()
+        torch.cuda.synchronize(self.device)
+        entry.replay_ms = 1e3 * (time.perf_counter() - t0)
         if self._pool is None:
             self._pool = entry.graph.pool()
         (self._graphs if into is None else into)[capacity] = entry
@@ -221,9 +257,27 @@ class GraphRunner:
 
     def _pick(self, plan: FlatPlan) -> Optional[GraphCapacity]:
         size = (plan.num_tokens, int(plan.seg_start.numel()), plan.num_levels, int(plan.readout_rows.numel()))
+        fits = next((c for c in self.capacities if c.holds(*size)), None)
+        if fits is None:
+            return None
         if self.mode == "per_shape":
             return GraphCapacity(size[0], max(size[1], size[3]), size[2])
-        return next((c for c in self.capacities if c.holds(*size)), None)
+        entry = self._graphs.get(fits)
+        if entry is not None and self._eager_ms(size[0]) < entry.replay_ms:
+            return None
+        return fits
+
+    def _eager_ms(self, tokens: int) -> float:
+        # A round run eagerly takes at least its launches' host time and at
+        # least the GPU time of its own tokens, interpolated between the
+        # replays of the capacities around it; a large round's launches hide
+        # behind its GPU work, and it computes no padding.
+        timed = sorted((c.tokens, e.replay_ms) for c, e in self._graphs.items())
+        below = max((t for t in timed if t[0] <= tokens), default=timed[0])
+        above = min((t for t in timed if t[0] >= tokens), default=timed[-1])
+        gpu = below[1] if above[0] == below[0] else (
+            below[1] + (tokens - below[0]) / (above[0] - below[0]) * (above[1] - below[1]))
+        return max(self.launch_ms, gpu)
 
     def run(self, plan: FlatPlan) -> tuple[torch.Tensor, Optional[GraphCapacity]]:
         """Run a round given as a host plan (slots assigned, no checkpoints).
@@ -245,6 +299,7 @@ class GraphRunner:
         if capacity is None:
             self.eager_rounds += 1
             return self.model(device_round(plan, self.spec, self.device), self.state_pool), None
+        t0 = time.perf_counter()
         if self.mode == "per_shape":
             entry = self._shaped.get(capacity) or self._capture(capacity, self._shaped)
             self._shaped.move_to_end(capacity)
@@ -253,6 +308,7 @@ class GraphRunner:
         else:
             entry = self._graphs.get(capacity) or self._capture(capacity)
         device_round(plan, self.spec, self.device, capacity.tables, capacity.segments, entry.buffers)
+        self.last_host_ms = 1e3 * (time.perf_counter() - t0)
         entry.graph.replay()
         self.replays += 1
         return entry.output, capacity
