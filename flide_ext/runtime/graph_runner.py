@@ -183,6 +183,7 @@ class GraphRunner:
         self._graphs: dict = {}  # flat graphs by capacity
         self._shaped: "OrderedDict[GraphCapacity, _Graph]" = OrderedDict()  # per_shape graphs
         self._pool = None
+        self._stream = None
         # Every graph writes its log-probabilities into one shared buffer (one
         # graph replays at a time), so graphs do not each keep [rows, vocab].
         self._output: Optional[torch.Tensor] = None
@@ -232,7 +233,12 @@ class GraphRunner:
             rows = max(c.segments for c in self.capacities + [capacity])
             vocab = self.model.lm_head.weight.shape[0]
             self._output = torch.empty(rows, vocab, dtype=torch.float32, device=self.device)
-        stream = torch.cuda.Stream(self.device)
+        # One capture stream for every graph: the allocator reuses a block only
+        # on the stream that freed it, so graphs captured on one stream share
+        # their pool's memory instead of each adding its own.
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        stream = self._stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream), torch.inference_mode():
             self.model(device_plan, self.state_pool)  # compiles and tunes kernels outside the capture
