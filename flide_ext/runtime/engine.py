@@ -424,6 +424,24 @@ class Engine:
             out.append(item)
         return out, sizes
 
+    @_serialised
+    def run_rounds(self, groups, keep_state: Optional[Sequence[bool]] = None):
+        """:meth:`run_round` for any number of requests: packed into as many rounds
+        as :attr:`round_capacity` needs, as the scheduler packs waiting requests.
+
+        Raises:
+            RequestError: a request larger than a round (naming ``prompts``).
+        """
+        keep = list(keep_state or [False] * len(groups))
+        sizes = []
+        for prompts, _ in groups:
+            size = request_size(prompts)
+            self.round_capacity.check(size, "prompts")
+            sizes.append(size)
+        done = self._run_in_rounds(list(groups), keep, sizes)
+        self.last_checkpoints = [details for _, details in done]
+        return [logprobs for logprobs, _ in done]
+
     def _run_in_rounds(self, groups: list, keep_state: list, sizes: list) -> list:
         """Run requests of the given sizes (:func:`~flide_ext.runtime.rounds.request_size`)
         in as many rounds as the capacity needs, packed in order

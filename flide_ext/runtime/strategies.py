@@ -1,7 +1,10 @@
 """Execution strategies of the engine, for ablation and comparison.
 
 * ``flide``: each request's prompts as one prefix tree, the state computed once
-  and forked to every question inside one flat stream (:meth:`Engine.run_round`).
+  and forked to every question inside one flat stream (:meth:`Engine.run_rounds`).
+
+Every strategy packs its sequences into rounds within the engine's round
+capacity, as the scheduler does.
 * ``no_fork``: one sequence per question, the state recomputed for each.
 * ``prefix_cache``: the strategy of today's serving engines: the state computed
   once and cached, then each question run as its own sequence continuing from
@@ -64,7 +67,7 @@ def run_strategy(engine, groups, strategy: str = "flide", grid: int = 64):
     if type(grid) is not int or grid < 1:
         raise ValueError(f"grid must be a positive integer, not {grid!r}")
     if strategy == "flide":
-        return engine.run_round(groups)
+        return engine.run_rounds(groups)
     singles = [([p], [l]) for prompts, labels in groups for p, l in zip(prompts, labels)]
     cached = []
     if strategy == "prefix_cache":
@@ -80,9 +83,9 @@ def run_strategy(engine, groups, strategy: str = "flide", grid: int = 64):
     try:
         if cached:
             # Computing the states is the cache's first pass; their readout is not used.
-            engine.run_round([([state], [[0]]) for state in cached], [True] * len(cached))
+            engine.run_rounds([([state], [[0]]) for state in cached], [True] * len(cached))
         state_tokens = engine.last_round.stream_tokens if cached else 0
-        flat = iter(engine.run_round(singles))
+        flat = iter(engine.run_rounds(singles))
     finally:
         own.clear()
         engine.checkpoints = saved
