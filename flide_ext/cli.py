@@ -213,6 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--round-tokens", type=int, help="most flat-stream tokens per round (default: 65536)")
     serve.add_argument("--round-segments", type=int, help="most prefix-tree segments per round (default: 4096)")
     serve.add_argument("--max-round-requests", type=int, help="most requests per round (default: 256)")
+    serve.add_argument("--cuda-graphs", choices=["flat", "per_shape", "off"],
+                       help="CUDA graphs: flat (a few stream capacities, the default on CUDA), per_shape or off")
+    serve.add_argument("--graph-capacities",
+                       help="flat graphs' capacities as tokens:segments,... (default: a ladder up to the round capacity)")
     serve.set_defaults(func=run_serve)
     return parser
 

@@ -6,7 +6,8 @@ With Flide installed, ``python -m sglang.launch_server --help`` lists
 engine, with SGLang's own flags mapped: model and tokenizer path, host, port,
 dtype, device, API key, random seed, context length, served model name,
 ``--max-prefill-tokens`` (a round's token capacity), ``--max-running-requests``
-(a round's request capacity), and the CUDA-graph and deterministic switches. Any other flag set away from its default
+(a round's request capacity), ``--disable-cuda-graph`` (Flide's graph mode
+``off``) and the deterministic switch. Any other flag set away from its default
 is refused with a message naming it (Flide does not silently ignore a setting).
 """
 
@@ -18,10 +19,11 @@ import sys
 MAPPED = {
     "model_path", "tokenizer_path", "host", "port", "dtype", "device", "api_key", "random_seed",
     "context_length", "served_model_name", "decision_mode", "max_prefill_tokens", "max_running_requests",
+    "disable_cuda_graph",
 }
-# Accepted without effect: the CPU reference has no CUDA graphs and is already
-# batch-invariant (bitwise the same answer at any load).
-ACCEPTED = {"disable_cuda_graph", "enable_deterministic_inference"}
+# Accepted without effect: the engine's answers are already the same bits at
+# any load on the CPU reference, and do not depend on graphs or padding on the GPU.
+ACCEPTED = {"enable_deterministic_inference"}
 
 
 def _add_flag(result, parser: argparse.ArgumentParser):
@@ -89,6 +91,8 @@ def _capacity(args: argparse.Namespace) -> dict:
         out["round_tokens"] = args.max_prefill_tokens
     if getattr(args, "max_running_requests", None) is not None:
         out["max_round_requests"] = args.max_running_requests
+    if getattr(args, "disable_cuda_graph", False):
+        out["cuda_graphs"] = "off"
     return out
 
 

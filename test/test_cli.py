@@ -106,3 +106,14 @@ def test_failed_start_leaves_the_output_alone(tmp_path, char_model_dir):
     (tmp_path / "latin1.jsonl").write_bytes(b"\xff\xfe{}")
     run = flide("decide", "--model", str(char_model_dir), "--input", str(tmp_path / "latin1.jsonl"))
     assert run.returncode == 2 and "not UTF-8" in run.stderr
+
+
+def test_serve_refuses_bad_graph_flags_in_one_line(char_model_dir):
+    """Graph settings are checked before any process starts: one line, exit 2,
+    naming the flag."""
+    cases = [(["--device", "cpu", "--cuda-graphs", "flat"], "needs a CUDA device"),
+             (["--graph-capacities", "512:32,oops"], "--graph-capacities"),
+             (["--graph-capacities", "512:0"], "--graph-capacities")]
+    for extra, message in cases:
+        run = flide("serve", "--model-path", str(char_model_dir), "--port", "0", *extra)
+        assert run.returncode == 2 and run.stderr.count("\n") == 1 and message in run.stderr, run.stderr

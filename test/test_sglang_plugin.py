@@ -78,3 +78,18 @@ def test_prefill_limits_become_round_capacities():
     plain = parser.parse_args(["--model-path", "m", "--device", "cpu"])
     mapped = serve_args(plain)
     assert (mapped.round_tokens, mapped.max_round_requests) == (plain.max_prefill_tokens, ServeArgs.max_round_requests)
+
+
+def test_disable_cuda_graph_turns_flide_graphs_off():
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    from flide_ext.sglang_plugin import refused_flags, serve_args
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(["--model-path", "m", "--device", "cuda", "--disable-cuda-graph"])
+    assert refused_flags(args) == []
+    assert serve_args(args).cuda_graphs == "off"
+    assert serve_args(parser.parse_args(["--model-path", "m", "--device", "cuda"])).cuda_graphs is None

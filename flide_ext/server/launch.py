@@ -28,6 +28,8 @@ class ServeArgs:
     max_round_requests: int = 256
     round_tokens: int = 65536
     round_segments: int = 4096
+    cuda_graphs: Optional[str] = None
+    graph_capacities: Optional[str] = None
     log_level: str = "warning"
 
 
@@ -35,7 +37,9 @@ def serve(args: ServeArgs) -> None:
     """Run the server until interrupted.
 
     Raises:
-        FlideError: the model or tokenizer cannot be loaded; a round capacity below 1.
+        FlideError: the model or tokenizer cannot be loaded; a round capacity below
+            1; an unknown CUDA-graph mode, graphs on a CPU device, or a malformed
+            graph capacity list.
     """
     import shutil
 
@@ -60,6 +64,7 @@ def serve(args: ServeArgs) -> None:
     except ValueError as e:
         raise FlideError(f"{e} (--round-tokens, --round-segments, --max-round-requests; --max-prefill-tokens, "
                          "--max-running-requests under --decision-mode)") from None
+    graphs = _graph_settings(args)
     path = str(resolve_model_path(args.model_path))
     ipc = tempfile.mkdtemp(prefix="flide-")
     work_addr, done_addr = f"ipc://{ipc}/work", f"ipc://{ipc}/done"
@@ -69,7 +74,7 @@ def serve(args: ServeArgs) -> None:
     waiting = sync.socket(zmq.PULL)
     waiting.bind(done_addr)
     engine_kwargs = dict(model_path=path, dtype=args.dtype, device=args.device, context_length=args.context_length,
-                         tokenizer_path=args.tokenizer_path)
+                         tokenizer_path=args.tokenizer_path, **graphs)
     scheduler = multiprocessing.get_context("spawn").Process(
         target=run_scheduler, args=(engine_kwargs, work_addr, done_addr, capacity), daemon=True
     )
@@ -96,3 +101,23 @@ def serve(args: ServeArgs) -> None:
     finally:
         scheduler.terminate()
         shutil.rmtree(ipc, ignore_errors=True)
+
+
+def _graph_settings(args: ServeArgs) -> dict:
+    # Checked here, before any process starts, so a bad flag is one line.
+    from ..runtime.graph_runner import MODES, parse_capacities
+
+    out: dict = {}
+    on_gpu = str(args.device).startswith("cuda")
+    if args.cuda_graphs is not None:
+        if args.cuda_graphs not in MODES:
+            raise FlideError(f"--cuda-graphs {args.cuda_graphs!r} is not one of {', '.join(MODES)}")
+        if args.cuda_graphs != "off" and not on_gpu:
+            raise FlideError(f"--cuda-graphs {args.cuda_graphs} needs a CUDA device (--device {args.device})")
+        out["cuda_graphs"] = args.cuda_graphs
+    if args.graph_capacities is not None:
+        try:
+            out["graph_capacities"] = parse_capacities(args.graph_capacities)
+        except ValueError as e:
+            raise FlideError(f"--graph-capacities: {e}") from None
+    return out
