@@ -272,6 +272,8 @@ def bench(args) -> list[dict]:
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats()
                 lat = timed_batches(run, [[g] for g in groups[:args.latency_iters + 1]], device)
+                if method != "hf":
+                    run(one)  # untimed: the row's token counts are the first request's
                 questions = sum(len(p) for p, _ in one)
                 row = {"model": model_name, "workload": workload, "kind": "method", "method": method,
                        "questions_per_request": questions,

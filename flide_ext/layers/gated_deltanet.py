@@ -9,7 +9,10 @@ delta rule with ``beta = sigmoid(b)`` and ``g = -exp(A_log) * softplus(a + dt_bi
 Forking: the tree's levels run one after another. Level 0 runs every root
 segment and writes each segment's final recurrent state and conv window into its
 pool slot; each next level runs all its segments at once, each starting from its
-parent's slot by index (DESIGN.md, "Gated DeltaNet layers").
+parent's slot by index (DESIGN.md, "Gated DeltaNet layers"). With the round's
+kernel tables (:mod:`flide_ext.kernels.tables`, the GPU path) the conv runs the
+whole tree at once, each segment reading the inputs before it on its path from
+the stream, and the recurrent pass reads its levels from the tables.
 """
 
 from __future__ import annotations
