@@ -28,7 +28,9 @@ Per (model, workload, method): p50/p99 latency of one request, questions/s with
 request per client, as the scheduler packs every waiting request), flat-stream
 tokens against per-question prompt tokens, and peak GPU memory. Per (model,
 workload): the roofline floor of one request, from weight bytes over the copy
-bandwidth and FLOPs over the matmul rate, both measured in the same run.
+bandwidth and FLOPs over the matmul rate, both measured in the same run, and the
+time of the same stream tokens run as one plain sequence (the state's prefill
+plus the question tokens, unforked: ``prefill_alone_ms``).
 
 Usage::
 
@@ -201,6 +203,17 @@ def hf_runner(config, device, dtype, groups):
     return run, model
 
 
+def prefill_alone(group):
+    """One request's state followed by every question's own tokens as a single
+    prompt with one label: the request's stream tokens, unforked."""
+    from flide_ext.tree import build_prefix_tree
+
+    prompts, _ = group
+    tree = build_prefix_tree([0] * len(prompts), prompts)
+    tokens = [t for seg in tree.segments for t in seg.tokens]
+    return [tokens], [[0]]
+
+
 def flops_per_request(config, stream_tokens: int) -> float:
     """2 x parameters x tokens (matmuls); attention's own FLOPs are left out (a floor)."""
     from flide_ext.random_checkpoints import count_parameters
@@ -245,9 +258,13 @@ def bench(args) -> list[dict]:
             stream = engine.last_round.stream_tokens
             floor_bytes = weight_bytes / (ceil["copy_gbps"] * 1e9)
             floor_flops = flops_per_request(config, stream) / (ceil["matmul_tflops"] * 1e12)
+            # The same tokens as one plain sequence (the state, then every question's
+            # own tokens, one readout): what the stream costs without forking.
+            alone = [prefill_alone(g) for g in groups[:args.latency_iters + 1]]
+            alone_ms = statistics.median(timed_batches(lambda g: engine.run_round([g]), alone, device)) * 1e3
             emit({"model": model_name, "workload": workload, "kind": "roofline", "weight_bytes": weight_bytes,
                   "stream_tokens": stream, "floor_weights_ms": 1e3 * floor_bytes, "floor_flops_ms": 1e3 * floor_flops,
-                  "floor_ms": 1e3 * max(floor_bytes, floor_flops), **ceil})
+                  "floor_ms": 1e3 * max(floor_bytes, floor_flops), "prefill_alone_ms": alone_ms, **ceil})
             hf = None
             for method in tqdm(args.methods, desc=f"{model_name} {workload}", leave=False):
                 if method == "hf":
@@ -314,8 +331,9 @@ def print_table(rows: list[dict], concurrency) -> None:
             print(f"{r['model']:14s} {r['workload']:9s} {r['method']:16s} skipped: {r['reason']}")
             continue
         if r["kind"] == "roofline":
+            alone = f"; the same tokens as one sequence {r['prefill_alone_ms']:.2f} ms" if "prefill_alone_ms" in r else ""
             print(f"{r['model']:14s} {r['workload']:9s} {'roofline':16s} {r['floor_ms']:9.2f} "
-                  f"(weights {r['floor_weights_ms']:.2f} ms, FLOPs {r['floor_flops_ms']:.2f} ms)")
+                  f"(weights {r['floor_weights_ms']:.2f} ms, FLOPs {r['floor_flops_ms']:.2f} ms{alone})")
             continue
         qps = " ".join(f"{r[f'qps_c{c}']:10.1f}" if f"qps_c{c}" in r else f"{'-':>10s}" for c in concurrency)
         tokens = f"{r['stream_tokens']}/{r['prompt_tokens']}" if r["stream_tokens"] is not None else f"-/{r['prompt_tokens']}"

@@ -21,7 +21,7 @@ def test_bench_decision_runs_every_method(tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     roofline = [r for r in rows if r["kind"] == "roofline"]
     methods = {r["method"]: r for r in rows if r["kind"] == "method"}
-    assert len(roofline) == 1 and roofline[0]["floor_ms"] > 0
+    assert len(roofline) == 1 and roofline[0]["floor_ms"] > 0 and roofline[0]["prefill_alone_ms"] > 0
     assert set(methods) == {"flide", "no_fork", "prefix_cache", "full_readout", "hf"}
     # CUDA graphs cannot run on the CPU: those methods are recorded as skipped, with the reason.
     skipped = {r["method"]: r["reason"] for r in rows if r["kind"] == "skipped"}

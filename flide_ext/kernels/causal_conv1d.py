@@ -59,17 +59,24 @@ def causal_conv1d_ref(
     w = weight.unsqueeze(1)  # [C, 1, W]
     for start, n, first, last in zip(seg_start.tolist(), seg_len.tolist(), initial_slot.tolist(), final_slot.tolist()):
         window = conv_pool[first] if first >= 0 else x.new_zeros(C, W - 1)
-        seq = torch.cat([window.to(x.dtype), x[start : start + n].t()], dim=1)  # [C, W-1+n]
-        if n:
-            y = F.conv1d(seq.unsqueeze(0).to(weight.dtype), w, bias, groups=C)[0]  # [C, n]
-            if activation == "silu":
-                y = F.silu(y)
-            elif activation is not None:
-                raise ValueError(f"activation {activation!r} is not supported")
-            out[start : start + n] = y.t().to(x.dtype)
-        if last >= 0:
-            conv_pool[last] = seq[:, seq.shape[1] - (W - 1) :].to(conv_pool.dtype)
+        _segment(x, w, bias, activation, window.to(x.dtype), start, n, conv_pool, last, out)
     return out
+
+
+def _segment(x, w, bias, activation, window, start: int, n: int, conv_pool, last: int, out) -> None:
+    # One segment: its rows after its W-1 preceding inputs ``window`` [C, W-1];
+    # outputs into ``out``, the last W-1 inputs into ``conv_pool[last]``.
+    C, W = x.shape[1], w.shape[-1]
+    seq = torch.cat([window, x[start : start + n].t()], dim=1)  # [C, W-1+n]
+    if n:
+        y = F.conv1d(seq.unsqueeze(0).to(w.dtype), w, bias, groups=C)[0]  # [C, n]
+        if activation == "silu":
+            y = F.silu(y)
+        elif activation is not None:
+            raise ValueError(f"activation {activation!r} is not supported")
+        out[start : start + n] = y.t().to(x.dtype)
+    if last >= 0:
+        conv_pool[last] = seq[:, seq.shape[1] - (W - 1) :].to(conv_pool.dtype)
 
 
 def causal_conv1d_tree_ref(
@@ -111,8 +118,7 @@ def causal_conv1d_tree_ref(
     Raises:
         ValueError: an unsupported activation.
     """
-    T, C = x.shape
-    W = weight.shape[1]
+    C = x.shape[1]
     out = torch.zeros_like(x)
     w = weight.unsqueeze(1)
     rows = zip(seg_start.tolist(), seg_len.tolist(), history.tolist(), history_slot.tolist(), final_slot.tolist())
@@ -120,16 +126,7 @@ def causal_conv1d_tree_ref(
         before = [x[e] if e >= 0 else conv_pool[slot][:, -2 - e].to(x.dtype) if e <= -2 else x.new_zeros(C)
                   for e in hist]
         window = torch.stack(before, dim=1) if before else x.new_zeros(C, 0)
-        seq = torch.cat([window, x[start : start + n].t()], dim=1)  # [C, W-1+n]
-        if n:
-            y = F.conv1d(seq.unsqueeze(0).to(weight.dtype), w, bias, groups=C)[0]
-            if activation == "silu":
-                y = F.silu(y)
-            elif activation is not None:
-                raise ValueError(f"activation {activation!r} is not supported")
-            out[start : start + n] = y.t().to(x.dtype)
-        if last >= 0:
-            conv_pool[last] = seq[:, seq.shape[1] - (W - 1) :].to(conv_pool.dtype)
+        _segment(x, w, bias, activation, window, start, n, conv_pool, last, out)
     return out
 
 

@@ -23,6 +23,15 @@ BLOCK_T, BLOCK_C = 32, 128
 
 
 @triton.jit
+def _bias_activation(acc, BIAS, c, c_ok, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
+    if HAS_BIAS:
+        acc += tl.load(BIAS + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    return acc
+
+
+@triton.jit
 def _causal_conv1d_kernel(
     X, WEIGHT, BIAS, POOL, OUT,
     BLOCKS, SEG_START, SEG_LEN, INITIAL, FINAL,
@@ -59,10 +68,7 @@ def _causal_conv1d_kernel(
                      other=0.0).to(tl.float32)
         w_tap = tl.sum(tl.where(taps[None, :] == tap, weight, 0.0), axis=1)
         acc += (xv + wv) * w_tap[None, :]
-    if HAS_BIAS:
-        acc += tl.load(BIAS + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    if SILU:
-        acc = acc * tl.sigmoid(acc)
+    acc = _bias_activation(acc, BIAS, c, c_ok, HAS_BIAS, SILU)
     tl.store(OUT + (start + rows).to(tl.int64)[:, None] * stride_out + c[None, :], acc.to(OUT.dtype.element_ty),
              mask=row_ok[:, None] & c_ok[None, :])
     # The segment's last block (an empty segment has one block) writes its final window.
@@ -185,10 +191,7 @@ def _causal_conv1d_tree_kernel(
                             HIST)
         w_tap = tl.sum(tl.where(taps[None, :] == tap, weight, 0.0), axis=1)
         acc += (xv + hv) * w_tap[None, :]
-    if HAS_BIAS:
-        acc += tl.load(BIAS + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    if SILU:
-        acc = acc * tl.sigmoid(acc)
+    acc = _bias_activation(acc, BIAS, c, c_ok, HAS_BIAS, SILU)
     acc = tl.where(inside[:, None], acc, 0.0)
     tl.store(OUT + rows.to(tl.int64)[:, None] * stride_out + c[None, :], acc.to(OUT.dtype.element_ty),
              mask=r_ok[:, None] & c_ok[None, :])

@@ -22,8 +22,6 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..tree import MAX_TREE_DEPTH
-
 # GDN chunk length (fla-core's chunked kernels).
 CHUNK = 64
 
@@ -63,7 +61,7 @@ class KernelTables:
     Attributes:
         attention: ForkAttention's ``(num_blocks, block_seg [NB], block_row [NB],
             seg_start [S1], seg_len [S1], own_offset [S1], path_kv [S1, D],
-            path_offset [S1, D], path_len [S1, D])`` with ``D = MAX_TREE_DEPTH + 1``
+            path_offset [S1, D], path_len [S1, D])`` with ``D = tree.MAX_TREE_DEPTH + 1``
             (:func:`.fork_attention_triton.path_tables`).
         token_segment: ``[T]`` segment of each row (the padding segment past the round).
         seg_start, seg_len: ``[S1]`` stream rows of each segment.
@@ -249,5 +247,3 @@ def to_device(host: dict, device) -> KernelTables:
     moved["attention"] = (att[0],) + tuple(t.to(device, non_blocking=True) for t in att[1:])
     return KernelTables(**moved)
 
-
-__all__ = ["CHUNK", "KernelTables", "TableCapacity", "build_tables", "conv_history", "to_device", "MAX_TREE_DEPTH"]
