@@ -112,8 +112,10 @@ def test_serve_refuses_bad_graph_flags_in_one_line(char_model_dir):
     """Graph settings are checked before any process starts: one line, exit 2,
     naming the flag."""
     cases = [(["--device", "cpu", "--cuda-graphs", "flat"], "needs a CUDA device"),
-             (["--graph-capacities", "512:32,oops"], "--graph-capacities"),
-             (["--graph-capacities", "512:0"], "--graph-capacities")]
+             (["--device", "cuda", "--graph-capacities", "512:32,oops"], "tokens:segments"),
+             (["--device", "cuda", "--graph-capacities", "512:0"], "tokens:segments"),
+             (["--device", "cpu", "--graph-capacities", "512:32"], "only applies with flat CUDA graphs"),
+             (["--device", "cuda", "--cuda-graphs", "off", "--graph-capacities", "512:32"], "--cuda-graphs off")]
     for extra, message in cases:
         run = flide("serve", "--model-path", str(char_model_dir), "--port", "0", *extra)
         assert run.returncode == 2 and run.stderr.count("\n") == 1 and message in run.stderr, run.stderr

@@ -213,9 +213,12 @@ def test_capacities():
     assert [c.tokens for c in default_capacities(65536, 4096, step=2.0)] == [256 * 2**i for i in range(9)]
     assert default_capacities(100, 5) == [GraphCapacity(100, 5)]
     assert parse_capacities("512:32, 4096:256", levels=3) == [GraphCapacity(512, 32, 3), GraphCapacity(4096, 256, 3)]
-    for bad in ("512", "512:0", "a:b", "512:32:1", ""):
+    assert parse_capacities("512:32:2,1024:64") == [GraphCapacity(512, 32, 2), GraphCapacity(1024, 64, 4)]
+    for bad in ("512", "512:0", "a:b", "512:32:0", "512:32:1:1", "", "+512:32", "1_024:64", "\u0665\u0661\u0662:32"):
         with pytest.raises(ValueError, match="graph capacity"):
             parse_capacities(bad)
+    with pytest.raises(ValueError, match="levels must be"):
+        parse_capacities("512:32", levels=0)
     assert GraphCapacity(512, 32, 2).holds(512, 32, 2, 32)
     assert not GraphCapacity(512, 32, 2).holds(512, 32, 3, 1)
 
@@ -239,3 +242,24 @@ def test_runner_without_graphs_answers_as_the_engine(tiny_dirs):
         Engine(str(tiny_dirs["qwen3_5"]), cuda_graphs="flat")
     with pytest.raises(ValueError, match="cuda_graphs"):
         Engine(str(tiny_dirs["qwen3_5"]), cuda_graphs="always")
+    with pytest.raises(ValueError, match="graph_capacities only apply"):
+        Engine(str(tiny_dirs["qwen3_5"]), graph_capacities=[GraphCapacity(512, 32)])
+    with pytest.raises(ValueError, match="keep_state has 1 entries for 2 requests"):
+        engine.run_rounds([([[1, 2]], [[3]]), ([[4, 5]], [[6]])], keep_state=[True])
+
+
+def test_graphs_need_triton_kernels_and_fla_for_gdn(tiny_dirs):
+    """Graphs are only captured where every kernel can run inside one: not with
+    forced references (they read tables on the host), not for GDN models
+    without fla-core (the levels are then sized on the host)."""
+    from flide_ext import Engine
+    from flide_ext.kernels.gated_delta_rule_triton import fla_available
+    from flide_ext.runtime.graph_runner import graphs_supported
+
+    hybrid, dense = Engine(str(tiny_dirs["qwen3_5"])).model, Engine(str(tiny_dirs["qwen3"])).model
+    assert graphs_supported(dense)
+    assert graphs_supported(hybrid) == fla_available()
+    with dispatch.force_reference():
+        assert not graphs_supported(dense)
+        runner = GraphRunner(dense, None, [GraphCapacity(256, 16)], mode="flat")
+    assert runner.mode == "off"

@@ -641,6 +641,13 @@ def reference_steps() -> ChunkSteps:
     )
 
 
+def table_steps(x: torch.Tensor) -> Optional[ChunkSteps]:
+    """The state-free steps the table-driven pass runs with: fla-core's; under the
+    Triton interpreter (CPU tensors) their references; None on a GPU without
+    fla-core (the levels then run one by one, from the level tables)."""
+    return chunk_steps() or (None if x.is_cuda else reference_steps())
+
+
 def chunk_steps() -> Optional[ChunkSteps]:
     """The state-free steps the tree path uses: fla-core's when it imports, else None."""
     return fla_steps() if fla_available() else None
@@ -666,7 +673,7 @@ def gated_delta_rule_tree_triton(
     every step runs over all ``T`` rows with the tables' fixed-size chunk and
     level tables (``levels`` and ``out`` are not used), so the pass replays in
     a CUDA graph for any round the tables hold; rows past the round are zeros.
-    Without fla-core the state-free steps run through their references.
+    On a GPU without fla-core the tables are not used (:func:`table_steps`).
 
     Only the inter-chunk step depends on a segment's initial state, so everything
     else runs once over the tree's segments as one varlen batch, exactly as
@@ -693,9 +700,9 @@ def gated_delta_rule_tree_triton(
     T, HV, _ = v.shape
     check_heads(k.shape[1], HV)
     check_written(state_pool=state_pool)
-    if tables is not None:
-        return _table_pass(tables, chunk_steps() or reference_steps(), q, k, v, g, beta, scale, state_pool,
-                           use_qk_l2norm)
+    steps = table_steps(v) if tables is not None else None
+    if steps is not None:
+        return _table_pass(tables, steps, q, k, v, g, beta, scale, state_pool, use_qk_l2norm)
     levels = list(levels)
     steps = chunk_steps() if levels else None
     meta = tree_meta(levels) if steps is not None else None

@@ -103,7 +103,12 @@ class GatedDeltaNet(nn.Module):
 
         # With tables, the GPU pass needs no level tables (and building them
         # would add launches to a CUDA graph).
-        levels = () if tables is not None and use_triton(v) else plan.level_tables()
+        table_pass = False
+        if tables is not None and use_triton(v):
+            from ..kernels.gated_delta_rule_triton import table_steps
+
+            table_pass = table_steps(v) is not None
+        levels = () if table_pass else plan.level_tables()
         o = gated_delta_rule_tree(q, k, v, g, beta, self.head_k_dim**-0.5, state_pool, levels,
                                   use_qk_l2norm=True, tables=tables)
         o = self.norm(o, z).reshape(T, -1)

@@ -160,6 +160,8 @@ class Engine:
             raise ValueError(f"cuda_graphs {cuda_graphs!r} is not one of {', '.join(MODES)}")
         if cuda_graphs != "off" and not on_gpu:
             raise ValueError(f"cuda_graphs {cuda_graphs!r} needs a CUDA device")
+        if graph_capacities is not None and cuda_graphs != "flat":
+            raise ValueError(f"graph_capacities only apply to cuda_graphs 'flat', not {cuda_graphs!r}")
         self.dtype = dtype
         if model is None:
             self.path = resolve_model_path(model_path)
@@ -193,6 +195,13 @@ class Engine:
         self.checkpoints = CheckpointStore(checkpoint_capacity, release, checkpoint_max_tokens)
         self._lock = threading.RLock()
         self.graphs = None
+        if graph_capacities is not None:
+            big = [c for c in graph_capacities if c.tokens > self.round_capacity.tokens
+                   or c.segments > self.round_capacity.segments]
+            if not graph_capacities or big:
+                raise ValueError(f"graph capacities must be a non-empty list within the round capacity "
+                                 f"({self.round_capacity.tokens} tokens, {self.round_capacity.segments} segments)"
+                                 + (f"; {big[0]} is larger" if big else ""))
         if on_gpu:
             capacities = graph_capacities or default_capacities(self.round_capacity.tokens,
                                                                 self.round_capacity.segments)
@@ -433,6 +442,8 @@ class Engine:
             RequestError: a request larger than a round (naming ``prompts``).
         """
         keep = list(keep_state or [False] * len(groups))
+        if len(keep) != len(groups):
+            raise ValueError(f"keep_state has {len(keep)} entries for {len(groups)} requests")
         sizes = []
         for prompts, _ in groups:
             size = request_size(prompts)

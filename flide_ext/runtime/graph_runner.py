@@ -35,6 +35,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..kernels.dispatch import reference_forced
 from ..kernels.tables import TableCapacity
 from ..plan import FlatPlan, plan_round
 from .round_buffers import RoundBuffers, device_round
@@ -78,20 +79,21 @@ class GraphCapacity:
 
 
 def parse_capacities(text: str, levels: int = 4) -> list[GraphCapacity]:
-    """``"512:32,4096:256"`` (tokens:segments, comma separated) -> capacities.
+    """``"512:32,4096:256:2"`` (``tokens:segments`` or ``tokens:segments:levels``,
+    comma separated; ``levels`` when an entry gives none) -> capacities.
 
     Raises:
-        ValueError: naming the entry that is not ``tokens:segments`` of positive integers.
+        ValueError: naming the entry that is not two or three positive decimal integers.
     """
+    if type(levels) is not int or levels < 1:
+        raise ValueError(f"graph capacity levels must be a positive integer, not {levels!r}")
     out = []
     for item in text.split(","):
         parts = item.strip().split(":")
-        try:
-            if len(parts) != 2:
-                raise ValueError
-            out.append(GraphCapacity(int(parts[0]), int(parts[1]), levels))
-        except ValueError:
-            raise ValueError(f"graph capacity {item.strip()!r} is not tokens:segments (positive integers)") from None
+        if len(parts) not in (2, 3) or not all(p.isascii() and p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"graph capacity {item.strip()!r} is not tokens:segments[:levels] (positive integers)")
+        numbers = [int(p) for p in parts]
+        out.append(GraphCapacity(numbers[0], numbers[1], numbers[2] if len(numbers) == 3 else levels))
     return out
 
 
@@ -145,6 +147,16 @@ class TableSpec:
         return None if capacity is None else min(capacity.segments + 1, LEVEL_PROGRAMS)
 
 
+def graphs_supported(model) -> bool:
+    """True when every kernel of ``model``'s forward can run inside a CUDA graph:
+    the Triton kernels, not the forced references (they read tables on the
+    host), and fla-core's chunk steps for GDN layers (without them the GDN pass
+    runs level by level, sized on the host)."""
+    from ..kernels.gated_delta_rule_triton import fla_available
+
+    return not reference_forced() and (model.num_gdn_layers == 0 or fla_available())
+
+
 class _Graph:
     def __init__(self, capacity: GraphCapacity):
         self.capacity = capacity
@@ -175,6 +187,10 @@ class GraphRunner:
     def __init__(self, model, state_pool, capacities: Sequence[GraphCapacity], mode: str = "flat"):
         if mode not in MODES:
             raise ValueError(f"graph mode {mode!r} is not one of {', '.join(MODES)}")
+        if mode != "off" and not graphs_supported(model):
+            logger.warning("CUDA graphs need the Triton kernels with fla-core (GDN models) and no forced "
+                           "reference kernels; running without graphs")
+            mode = "off"
         self.model, self.state_pool, self.mode = model, state_pool, mode
         self.device = model.lm_head.weight.device
         self.dtype = model.lm_head.weight.dtype
@@ -301,7 +317,8 @@ class GraphRunner:
             if self.mode == "flat":
                 logger.warning("GDN state pool grew; recapturing CUDA graphs")
                 self.capture()
-        capacity = None if self.mode == "off" else self._pick(plan)
+        # Forced references read tables on the host: never inside a graph.
+        capacity = None if self.mode == "off" or reference_forced() else self._pick(plan)
         if capacity is None:
             self.eager_rounds += 1
             return self.model(device_round(plan, self.spec, self.device), self.state_pool), None

@@ -116,6 +116,9 @@ def _graph_settings(args: ServeArgs) -> dict:
             raise FlideError(f"--cuda-graphs {args.cuda_graphs} needs a CUDA device (--device {args.device})")
         out["cuda_graphs"] = args.cuda_graphs
     if args.graph_capacities is not None:
+        if not on_gpu or out.get("cuda_graphs", "flat") != "flat":
+            raise FlideError("--graph-capacities only applies with flat CUDA graphs on a CUDA device "
+                             f"(--device {args.device}, --cuda-graphs {out.get('cuda_graphs', 'flat')})")
         try:
             out["graph_capacities"] = parse_capacities(args.graph_capacities)
         except ValueError as e:
