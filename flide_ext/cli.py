@@ -216,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--cuda-graphs", choices=["flat", "per_shape", "off"],
                        help="CUDA graphs: flat (a few stream capacities, the default on CUDA), per_shape or off")
     serve.add_argument("--graph-capacities",
-                       help="flat graphs' capacities as tokens:segments,... (default: a ladder up to the round capacity)")
+                       help="flat graphs' capacities as tokens:segments[:levels],... (default: a ladder up to the round capacity)")
     serve.set_defaults(func=run_serve)
     return parser
 
