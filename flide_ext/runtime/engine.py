@@ -440,6 +440,7 @@ class Engine:
 
         Raises:
             RequestError: a request larger than a round (naming ``prompts``).
+            ValueError: ``keep_state`` does not have one entry per request.
         """
         keep = list(keep_state or [False] * len(groups))
         if len(keep) != len(groups):

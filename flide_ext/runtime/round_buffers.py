@@ -160,6 +160,14 @@ def device_round(plan: FlatPlan, spec, device, capacity: Optional[TableCapacity]
         spec: the model's :class:`~flide_ext.runtime.graph_runner.TableSpec`
             (None: no kernel tables, e.g. for the CPU references).
         capacity, readouts: sizes to pad to (graph rounds), or None for the round's own.
+
+    Returns:
+        The device plan (tensors are views of ``buffers``), with its
+        :class:`~flide_ext.kernels.tables.KernelTables` when ``spec`` is given.
+
+    Raises:
+        ValueError: the round does not fit ``capacity``/``readouts``, resumes from
+            checkpoints while padded, or does not match ``buffers``' layout.
     """
     buffers = buffers or RoundBuffers(device)
     tables = None
