@@ -87,6 +87,14 @@ def _causal_conv1d_kernel(
                  mask=h_ok[:, None] & c_ok[None, :])
 
 
+def _inputs(x: torch.Tensor, weight: torch.Tensor, activation):
+    # Checks shared by both wrappers; rows must be dense for the kernels.
+    if activation not in ("silu", None):
+        raise ValueError(f"activation {activation!r} is not supported")
+    T, C = x.shape
+    return (x if x.stride(1) == 1 else x.contiguous()), T, C, weight.shape[1]
+
+
 def _blocks(seg_len: torch.Tensor, block_t: int) -> torch.Tensor:
     # [nb, 2] int32 (segment, first row) of every BLOCK_T rows; an empty segment
     # gets one block, which only passes its window on.
@@ -123,12 +131,7 @@ def causal_conv1d_triton(
     Raises:
         ValueError: an unsupported activation; ``out`` or ``conv_pool`` not contiguous.
     """
-    if activation not in ("silu", None):
-        raise ValueError(f"activation {activation!r} is not supported")
-    T, C = x.shape
-    W = weight.shape[1]
-    if x.stride(1) != 1:
-        x = x.contiguous()
+    x, T, C, W = _inputs(x, weight, activation)
     if out is None:
         out = x.new_zeros(x.shape)
     check_written(out=out, conv_pool=conv_pool)
@@ -246,12 +249,7 @@ def causal_conv1d_tree_triton(
     Raises:
         ValueError: an unsupported activation; ``conv_pool`` not contiguous.
     """
-    if activation not in ("silu", None):
-        raise ValueError(f"activation {activation!r} is not supported")
-    T, C = x.shape
-    W = weight.shape[1]
-    if x.stride(1) != 1:
-        x = x.contiguous()
+    x, T, C, W = _inputs(x, weight, activation)
     check_written(conv_pool=conv_pool)
     out = torch.empty_like(x)
     if T == 0:
