@@ -39,3 +39,19 @@ def test_bench_decision_bad_arguments():
         run = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", *args], capture_output=True, text=True,
                              timeout=300)
         assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, (args, run.stderr)
+
+
+def test_profile_round_smoke(tmp_path):
+    """benchmark/profile_round.py on CPU: the eager forward's operators by time."""
+    script = ROOT / "benchmark" / "profile_round.py"
+    out = tmp_path / "p.json"
+    run = subprocess.run([sys.executable, str(script), "--model", "tiny-qwen3.5", "--device", "cpu", "--dtype",
+                          "float32", "--scale", "0.1", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["stream_tokens"] > 0 and report["kernels"][0]["total_us"] > 0
+    times = [k["total_us"] for k in report["kernels"]]
+    assert times == sorted(times, reverse=True)
+    bad = subprocess.run([sys.executable, str(script), "--model", "gpt-5", "--device", "cpu"], capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode == 2 and "unknown model" in bad.stderr

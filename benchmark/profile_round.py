@@ -1,0 +1,102 @@
+"""Where one request's time goes: the kernels of a round, by total device time.
+
+Runs one request of a workload through the engine (flat CUDA graphs, or eager
+with ``--graphs off``) under ``torch.profiler`` and prints, per kernel name, the
+calls and total time, largest first; with ``--out`` also writes them as JSON.
+On CUDA the times are the GPU's (kernels inside a replayed graph included); on
+the CPU they are the operators' own CPU times (a smoke run).
+
+Usage::
+
+    python benchmark/profile_round.py --model qwen3.5-4b --workload race --out profile_race.json
+    python benchmark/profile_round.py --model tiny-qwen3.5 --device cpu --dtype float32 --scale 0.1  # smoke
+
+Exit status 2 with one line on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_decision import WORKLOADS, model_config, requests_for  # noqa: E402
+
+from flide_ext import Engine  # noqa: E402
+from flide_ext.random_checkpoints import random_model  # noqa: E402
+
+
+def kernel_table(prof, cuda: bool) -> list[dict]:
+    """Per event name: calls and total microseconds (device time on CUDA,
+    self CPU time otherwise), largest first."""
+    totals: dict = defaultdict(lambda: [0, 0.0])
+    for event in prof.events():
+        if cuda:
+            if event.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            us = event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
+        else:
+            us = event.self_cpu_time_total
+        totals[event.name][0] += 1
+        totals[event.name][1] += us
+    rows = [{"kernel": name, "calls": calls, "total_us": us} for name, (calls, us) in totals.items()]
+    return sorted(rows, key=lambda r: -r["total_us"])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="qwen3.5-4b")
+    parser.add_argument("--workload", default="race", choices=list(WORKLOADS))
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    parser.add_argument("--graphs", default="flat", choices=["flat", "off"])
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    try:
+        config = model_config(args.model)
+    except KeyError:
+        print(f"profile_round.py: unknown model {args.model!r}", file=sys.stderr)
+        return 2
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("profile_round.py: no CUDA device here", file=sys.stderr)
+        return 2
+    if device.type != "cuda" and args.graphs != "off":
+        args.graphs = "off"  # CUDA graphs need a CUDA device; the CPU run profiles the eager forward
+    dtype = getattr(torch, args.dtype)
+    model = random_model(config, dtype, device, seed=0)
+    engine = Engine(args.model, dtype=dtype, device=device, model=model, cuda_graphs=args.graphs)
+    groups = requests_for(args.workload, 3, config.vocab_size, args.scale)
+    engine.run_round(groups[:1])  # warm-up: kernels compiled, the graph's first replay done
+    cuda = device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        engine.run_round(groups[1:2])
+        if cuda:
+            torch.cuda.synchronize()
+    rows = kernel_table(prof, cuda)
+    total = sum(r["total_us"] for r in rows)
+    graph = engine.last_graph
+    print(f"{args.model} {args.workload}: {engine.last_round.stream_tokens} stream tokens, "
+          f"graph {[graph.tokens, graph.segments] if graph else None}, {len(rows)} kernel names, "
+          f"{sum(r['calls'] for r in rows)} calls, {total / 1e3:.2f} ms in all")
+    for r in rows[: args.top]:
+        print(f"{r['total_us'] / 1e3:9.3f} ms {r['calls']:6d}x  {r['kernel'][:100]}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"model": args.model, "workload": args.workload, "graphs": args.graphs,
+                                              "stream_tokens": engine.last_round.stream_tokens, "kernels": rows},
+                                             indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
