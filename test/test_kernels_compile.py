@@ -131,13 +131,14 @@ def test_conv1d_and_gated_delta_rule_compile_for_h200(monkeypatch):
 def test_table_driven_kernels_compile_for_h200(monkeypatch):
     """The launches a CUDA graph replays: the tree-wide conv and its final-window
     kernel, and the inter-chunk kernel reading its level range from the tables."""
-    from flide_ext.kernels.tables import TableCapacity, build_tables, to_device
+    from flide_ext.kernels.tables import TableCapacity, build_tables
+    from flide_ext.runtime.round_buffers import RoundBuffers
 
     plan = _plan()
     parents = {seg.parent for seg in plan.tree.segments if seg.parent >= 0}
     plan.assign_slots([s if s in parents else -1 for s in range(plan.num_segments)])
     cap = TableCapacity(tokens=512, segments=16, levels=4)
-    tables = to_device(build_tables(plan, cap, conv_width=4, tokens_per_block=32, level_programs=17), "cpu")
+    tables = RoundBuffers("cpu").write(plan, build_tables(plan, cap, 4, 32, level_programs=17)).tables
     T, H, HV, K, V = cap.tokens, 16, 32, 128, 128
     C = 2 * H * K + HV * V
     rec_conv = record(monkeypatch, conv, "_causal_conv1d_tree_kernel")

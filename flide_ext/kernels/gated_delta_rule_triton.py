@@ -724,40 +724,46 @@ def gated_delta_rule_tree_triton(
     return out
 
 
-def _chunk_pass(meta: TreeMeta, steps: ChunkSteps, q, k, v, g, beta, scale, state_pool, use_qk_l2norm):
-    # The chunked algorithm over the tree's rows [lo, hi): state-free steps once,
-    # the inter-chunk kernel per level. Returns the outputs of those rows.
-    lo, hi, cu, ci = meta.lo, meta.hi, meta.cu_seqlens, meta.chunk_indices
-    qs, ks = q[lo:hi], k[lo:hi]
-    if use_qk_l2norm:
-        qs, ks = steps.l2norm(qs), steps.l2norm(ks)
-    qs, ks, vs = qs.contiguous(), ks.contiguous(), v[lo:hi].contiguous()
-    g_cum = steps.local_cumsum(g[lo:hi], cu, ci)
-    w, u = steps.wy(ks, vs, g_cum, beta[lo:hi], cu, ci)
-    h = torch.empty(meta.num_chunks, v.shape[1], k.shape[2], v.shape[2], dtype=ks.dtype, device=v.device)
-    v_new = u.new_empty(u.shape)
-    for level, c0 in meta.levels:
-        _pass_through(level, state_pool)
-        if level.hi == level.lo:
-            continue
-        a, b = level.lo - lo, level.hi - lo
-        chunk_states_triton(ks[a:b], w[a:b], u[a:b], g_cum[a:b], state_pool, level.cu_seqlens, level.chunk_offsets,
-                            level.initial, level.final, 64, level.num_chunks,
-                            h=h[c0:c0 + level.num_chunks], v_new=v_new[a:b])
-    return steps.output(qs, ks, v_new, h, g_cum, scale, cu, ci)
-
-
-def _table_pass(tables, steps: ChunkSteps, q, k, v, g, beta, scale, state_pool, use_qk_l2norm):
-    # The chunked algorithm over every row with the round's fixed-size tables:
-    # padding rows belong to no sequence, and their outputs are set to zero.
-    cu, ci = tables.cu_seqlens, tables.chunk_indices
+def _chunked(steps: ChunkSteps, q, k, v, g, beta, scale, cu, ci, num_chunks: int, use_qk_l2norm, inter_chunk):
+    # The chunked algorithm's state-free steps once over the rows given, with
+    # ``inter_chunk(k, w, u, g_cum, h, v_new)`` filling the chunk states and the
+    # corrected values in between.
     if use_qk_l2norm:
         q, k = steps.l2norm(q), steps.l2norm(k)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     g_cum = steps.local_cumsum(g, cu, ci)
     w, u = steps.wy(k, v, g_cum, beta, cu, ci)
-    h = torch.empty(ci.shape[0], v.shape[1], k.shape[2], v.shape[2], dtype=k.dtype, device=v.device)
-    v_new = torch.empty_like(u)
-    chunk_states_levels_triton(k, w.contiguous(), u.contiguous(), g_cum.contiguous(), state_pool, h, v_new, tables)
-    o = steps.output(q, k, v_new, h, g_cum, scale, cu, ci)
+    h = torch.empty(num_chunks, v.shape[1], k.shape[2], v.shape[2], dtype=k.dtype, device=v.device)
+    v_new = u.new_empty(u.shape)
+    inter_chunk(k, w.contiguous(), u.contiguous(), g_cum.contiguous(), h, v_new)
+    return steps.output(q, k, v_new, h, g_cum, scale, cu, ci)
+
+
+def _chunk_pass(meta: TreeMeta, steps: ChunkSteps, q, k, v, g, beta, scale, state_pool, use_qk_l2norm):
+    # The tree's rows [lo, hi), the inter-chunk kernel per level. Returns the
+    # outputs of those rows.
+    lo, hi = meta.lo, meta.hi
+
+    def levels(k, w, u, g_cum, h, v_new):
+        for level, c0 in meta.levels:
+            _pass_through(level, state_pool)
+            if level.hi == level.lo:
+                continue
+            a, b = level.lo - lo, level.hi - lo
+            chunk_states_triton(k[a:b], w[a:b], u[a:b], g_cum[a:b], state_pool, level.cu_seqlens,
+                                level.chunk_offsets, level.initial, level.final, 64, level.num_chunks,
+                                h=h[c0:c0 + level.num_chunks], v_new=v_new[a:b])
+
+    return _chunked(steps, q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], scale, meta.cu_seqlens,
+                    meta.chunk_indices, meta.num_chunks, use_qk_l2norm, levels)
+
+
+def _table_pass(tables, steps: ChunkSteps, q, k, v, g, beta, scale, state_pool, use_qk_l2norm):
+    # Every row with the round's fixed-size tables: padding rows belong to no
+    # sequence, and their outputs are set to zero.
+    def levels(k, w, u, g_cum, h, v_new):
+        chunk_states_levels_triton(k, w, u, g_cum, state_pool, h, v_new, tables)
+
+    o = _chunked(steps, q, k, v, g, beta, scale, tables.cu_seqlens, tables.chunk_indices,
+                 tables.chunk_indices.shape[0], use_qk_l2norm, levels)
     return torch.where(tables.row_valid[:, None, None], o, 0).to(v.dtype)

@@ -201,9 +201,8 @@ def build_tables(plan, capacity: Optional[TableCapacity], conv_width: int, token
     resumed = set(plan.resume)
     history[:S] = torch.from_numpy(conv_history(tree_parent, plan.seg_start[:S].numpy(), plan.seg_len[:S].numpy(),
                                                 requests, resumed, conv_width))
-    for s in range(S):
-        root = plan.tree.path(s)[0] if tree_parent[s] >= 0 else s
-        r = requests[root]
+    for s in range(S) if plan.resume else ():  # only checkpoints lend windows
+        r = requests[plan.tree.path(s)[0]]
         if r in plan.resume:
             history_slot[s] = plan.resume[r].slot
     initial = torch.full((S1,), -1, dtype=torch.long)
@@ -238,12 +237,3 @@ def build_tables(plan, capacity: Optional[TableCapacity], conv_width: int, token
         chunk_offsets=chunk_offsets.int(), level_range=level_range.int(), num_levels=capacity.levels,
         level_programs=level_programs or widest, row_valid=row_valid, padding_segment=pad,
     )
-
-
-def to_device(host: dict, device) -> KernelTables:
-    """:class:`KernelTables` from :func:`build_tables`' host tensors, copied to ``device``."""
-    moved = {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in host.items()}
-    att = host["attention"]
-    moved["attention"] = (att[0],) + tuple(t.to(device, non_blocking=True) for t in att[1:])
-    return KernelTables(**moved)
-

@@ -445,11 +445,10 @@ class Engine:
         keep = list(keep_state or [False] * len(groups))
         if len(keep) != len(groups):
             raise ValueError(f"keep_state has {len(keep)} entries for {len(groups)} requests")
-        sizes = []
-        for prompts, _ in groups:
-            size = request_size(prompts)
-            self.round_capacity.check(size, "prompts")
-            sizes.append(size)
+        sized, sizes = self._sized(list(groups), lambda g: g[0], "prompts")
+        refused = next((item for item in sized if isinstance(item, RequestError)), None)
+        if refused is not None:
+            raise refused
         done = self._run_in_rounds(list(groups), keep, sizes)
         self.last_checkpoints = [details for _, details in done]
         return [logprobs for logprobs, _ in done]

@@ -162,6 +162,7 @@ class _Graph:
         self.capacity = capacity
         self.buffers: Optional[RoundBuffers] = None
         self.graph: Optional[torch.cuda.CUDAGraph] = None
+        self.plan: Optional[FlatPlan] = None  # the device plan over the buffers
         self.output: Optional[torch.Tensor] = None
         self.replay_ms = 0.0  # one replay, measured after capture
 

@@ -120,7 +120,7 @@ class RoundBuffers:
             self._host = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
             self._device = torch.empty(size, dtype=torch.uint8, device=self.device)
             for name, offset, dtype, shape in layout:
-                n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+                n = torch.Size(shape).numel() * dtype.itemsize
                 self._views[name] = self._device[offset:offset + n].view(dtype).view(shape)
         elif layout != self._layout:
             raise ValueError("a round's tensors do not match the buffers' layout")
