@@ -66,7 +66,7 @@ from flide_ext.runtime.strategies import run_strategy  # noqa: E402
 METHODS = ("flide", "no_fork", "prefix_cache", "full_readout", "no_graphs", "per_shape_graphs", "hf")
 # The engine's CUDA-graph mode per method (engine.graphs.mode).
 GRAPH_MODE = {"no_graphs": "off", "per_shape_graphs": "per_shape"}
-OPTIONS = {"race": 4, "quality": 4, "multirc": 2}  # labels per question
+OPTIONS = {"race": 4, "race_single": 4, "quality": 4, "multirc": 2}  # labels per question
 # Attention-only shapes from the published config.json of Qwen3-4B and Llama-3.2-1B.
 DENSE_SHAPES = {
     "qwen3-4b": ("Qwen3Config", "Qwen3ForCausalLM", dict(
@@ -214,11 +214,15 @@ def prefill_alone(group):
     return [tokens], [[0]]
 
 
-def flops_per_request(config, stream_tokens: int) -> float:
-    """2 x parameters x tokens (matmuls); attention's own FLOPs are left out (a floor)."""
+def flops_per_request(config, stream_tokens: int, readout_rows: int) -> float:
+    """Matmul FLOPs of one request: 2 x the layers' parameters x stream tokens, plus
+    2 x hidden x vocab per readout row (the LM head runs on those rows only; the
+    embedding is a lookup, no FLOPs). Attention's own FLOPs are left out (a floor)."""
     from flide_ext.random_checkpoints import count_parameters
 
-    return 2.0 * count_parameters(config) * stream_tokens
+    head = config.hidden_size * config.vocab_size
+    embeddings = head if getattr(config, "tie_word_embeddings", False) else 2 * head
+    return 2.0 * (count_parameters(config) - embeddings) * stream_tokens + 2.0 * head * readout_rows
 
 
 def bench(args) -> list[dict]:
@@ -257,7 +261,8 @@ def bench(args) -> list[dict]:
             engine.run_round(one)
             stream = engine.last_round.stream_tokens
             floor_bytes = weight_bytes / (ceil["copy_gbps"] * 1e9)
-            floor_flops = flops_per_request(config, stream) / (ceil["matmul_tflops"] * 1e12)
+            readouts = sum(len(p) for p, _ in one)
+            floor_flops = flops_per_request(config, stream, readouts) / (ceil["matmul_tflops"] * 1e12)
             # The same tokens as one plain sequence (the state, then every question's
             # own tokens, one readout): what the stream costs without forking.
             alone = [prefill_alone(g) for g in groups[:args.latency_iters + 1]]

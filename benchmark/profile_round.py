@@ -31,6 +31,7 @@ from bench_decision import WORKLOADS, model_config, requests_for  # noqa: E402
 
 from flide_ext import Engine  # noqa: E402
 from flide_ext.random_checkpoints import random_model  # noqa: E402
+from flide_ext.runtime.graph_runner import parse_capacities  # noqa: E402
 
 
 def kernel_table(prof, cuda: bool) -> list[dict]:
@@ -50,6 +51,14 @@ def kernel_table(prof, cuda: bool) -> list[dict]:
     return sorted(rows, key=lambda r: -r["total_us"])
 
 
+def op_table(prof) -> list[dict]:
+    """Per PyTorch operator (eager runs on CUDA): calls and the device time of the
+    kernels it launched itself, largest first."""
+    rows = [{"op": e.key, "calls": e.count, "device_us": e.self_device_time_total}
+            for e in prof.key_averages() if e.self_device_time_total > 0]
+    return sorted(rows, key=lambda r: -r["device_us"])
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="qwen3.5-4b")
@@ -57,9 +66,13 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     parser.add_argument("--graphs", default="flat", choices=["flat", "off"])
+    parser.add_argument("--graph-capacities", default=None,
+                        help="flat graphs to capture, tokens:segments[:levels],... (default: the engine's set)")
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--dump-fla-configs", default=None, metavar="DIR",
+                        help="after the run, write the configurations fla-core's autotuners chose (GPU only)")
     args = parser.parse_args(argv)
     try:
         config = model_config(args.model)
@@ -72,9 +85,19 @@ def main(argv=None) -> int:
         return 2
     if device.type != "cuda" and args.graphs != "off":
         args.graphs = "off"  # CUDA graphs need a CUDA device; the CPU run profiles the eager forward
+    capacities = None
+    if args.graph_capacities and args.graphs == "flat":
+        try:
+            capacities = parse_capacities(args.graph_capacities)
+        except ValueError as err:
+            print(f"profile_round.py: --graph-capacities: {err}", file=sys.stderr)
+            return 2
     dtype = getattr(torch, args.dtype)
     model = random_model(config, dtype, device, seed=0)
-    engine = Engine(args.model, dtype=dtype, device=device, model=model, cuda_graphs=args.graphs)
+    engine = Engine(args.model, dtype=dtype, device=device, model=model, cuda_graphs=args.graphs,
+                    graph_capacities=capacities)
+    if engine.graphs is not None:
+        print(f"{len(engine.graphs.capacities)} CUDA graphs captured in {engine.graphs.capture_seconds:.1f} s")
     groups = requests_for(args.workload, 3, config.vocab_size, args.scale)
     engine.run_round(groups[:1])  # warm-up: kernels compiled, the graph's first replay done
     cuda = device.type == "cuda"
@@ -91,10 +114,19 @@ def main(argv=None) -> int:
           f"{sum(r['calls'] for r in rows)} calls, {total / 1e3:.2f} ms in all")
     for r in rows[: args.top]:
         print(f"{r['total_us'] / 1e3:9.3f} ms {r['calls']:6d}x  {r['kernel'][:100]}")
+    ops = op_table(prof) if cuda and graph is None else []
+    if ops:
+        print("by operator (eager):")
+        for r in ops[: args.top]:
+            print(f"{r['device_us'] / 1e3:9.3f} ms {r['calls']:6d}x  {r['op'][:100]}")
+    if args.dump_fla_configs and cuda:
+        from flide_ext.kernels.fla_configs import dump
+
+        print(f"fla configurations of {dump(args.dump_fla_configs)} kernels written to {args.dump_fla_configs}")
     if args.out:
         Path(args.out).write_text(json.dumps({"model": args.model, "workload": args.workload, "graphs": args.graphs,
-                                              "stream_tokens": engine.last_round.stream_tokens, "kernels": rows},
-                                             indent=1))
+                                              "stream_tokens": engine.last_round.stream_tokens, "kernels": rows,
+                                              "operators": ops}, indent=1))
     return 0
 
 

@@ -203,7 +203,10 @@ def test_pad_plan_refuses_what_does_not_fit(tiny_dirs):
 
 def test_capacities():
     caps = default_capacities(65536, 4096)
-    assert caps[0] == GraphCapacity(256, 16) and caps[-1] == GraphCapacity(65536, 4096)
+    assert caps[0] == GraphCapacity(256, 8) and caps[-1] == GraphCapacity(65536, 4096)
+    # One segment per 32 tokens: MultiRC's 31 segments per 1,050 tokens fit the
+    # graph its tokens choose.
+    assert all(c.segments == max(8, c.tokens // 32) for c in caps[:-1])
     tokens = [c.tokens for c in caps]
     # Each at most 2**(1/4) times the last (plus rounding to 64 rows): a round
     # pads at most ~19% of its tokens.

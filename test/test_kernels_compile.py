@@ -156,3 +156,25 @@ def test_table_driven_kernels_compile_for_h200(monkeypatch):
     states = torch.zeros(plan.num_segments, HV, K, V)
     gdt.chunk_states_levels_triton(k, w, u, torch.zeros(T, HV), states, h, torch.empty_like(u), tables)
     assert _compiled(rec_conv, rec_window, rec_states) == [1, 1, cap.levels]
+
+
+def test_norm_and_gate_kernels_compile_for_h200(monkeypatch):
+    """Every RMSNorm variant a supported model launches (hidden rows, per-head q/k
+    views, the gated GDN output norm) and the GDN gates."""
+    import flide_ext.kernels.gdn_gate_triton as gate
+    import flide_ext.kernels.rms_norm_triton as norm
+
+    rec_norm = record(monkeypatch, norm, "_rms_norm_kernel")
+    bf16 = dict(dtype=torch.bfloat16)
+    norm.rms_norm_triton(torch.zeros(40, 2560, **bf16), torch.zeros(2560, **bf16), 1e-6, "offset")
+    norm.rms_norm_triton(torch.zeros(40, 2048, **bf16), torch.zeros(2048, **bf16), 1e-6, "cast")
+    q = torch.zeros(40, 16, 512, **bf16)[..., :256]  # a head-split view: rows at one stride
+    norm.rms_norm_triton(q, torch.zeros(256, **bf16), 1e-6, "offset")
+    norm.rms_norm_triton(torch.zeros(40, 32, 128, **bf16), torch.zeros(128, **bf16), 1e-6, "cast",
+                         gate=torch.zeros(40, 32, 128, **bf16))
+    norm.rms_norm_triton(torch.zeros(40, 32, 128, **bf16), torch.zeros(128), 1e-6, "cast",
+                         gate=torch.zeros(40, 32, 128, **bf16))
+    rec_gate = record(monkeypatch, gate, "_gdn_gate_kernel")
+    ab = torch.zeros(40, 64, **bf16)[:, :32]
+    gate.gdn_gate_triton(ab, ab, torch.zeros(32), torch.zeros(32, **bf16))
+    assert _compiled(rec_norm, rec_gate) == [5, 1]

@@ -286,6 +286,37 @@ def check_empty_segments(gen):
            {"rel_err": err, "empty segment passes state": passthrough}, BF16_TOL, err <= BF16_TOL and passthrough)
 
 
+def check_norms_and_gates(gen):
+    """The fused RMSNorm (every mode, at the Qwen3.5-4B widths) and GDN gates in
+    bf16 against their references on the same GPU inputs: within two bf16 ulps
+    (the reduction order moves rstd by an ulp, and a path rounds twice)."""
+    from flide_ext.kernels.gdn_gate import gdn_gate_ref
+    from flide_ext.kernels.gdn_gate_triton import gdn_gate_triton
+    from flide_ext.kernels.rms_norm import rms_norm_ref
+    from flide_ext.kernels.rms_norm_triton import rms_norm_triton
+
+    T, bf16 = 735, torch.bfloat16
+    cases = [("hidden offset", (T, 2560), "offset", False), ("q/k head offset", (T, 16, 256), "offset", False),
+             ("hidden cast", (T, 2048), "cast", False), ("GDN gated", (T, 32, 128), "cast", True)]
+    for label, shape, mode, gated in cases:
+        x = (2 * torch.randn(*shape, generator=gen, device=DEV)).to(bf16)
+        z = torch.randn(*shape, generator=gen, device=DEV).to(bf16) if gated else None
+        w = (0.1 * torch.randn(shape[-1], generator=gen, device=DEV) + (mode == "cast")).to(bf16)
+        got, want = rms_norm_triton(x, w, 1e-6, mode, z).float(), rms_norm_ref(x, w, 1e-6, mode, z).float()
+        worst = float(((got - want).abs() / want.abs().clamp(min=2 ** -10)).max())
+        record(f"rms_norm {label} {list(shape)}, Triton vs reference (bf16): max relative difference", worst,
+               2 ** -6, worst <= 2 ** -6 and not got.isnan().any(), differing=float((got != want).double().mean()))
+    a = (4 * torch.randn(T, 32, generator=gen, device=DEV)).to(bf16)
+    b = torch.randn(T, 32, generator=gen, device=DEV).to(bf16)
+    A_log, dt_bias = torch.randn(32, generator=gen, device=DEV), torch.randn(32, generator=gen, device=DEV).to(bf16)
+    (g, beta), (g_ref, beta_ref) = gdn_gate_triton(a, b, A_log, dt_bias), gdn_gate_ref(a, b, A_log, dt_bias)
+    worst = float(((g - g_ref).abs() / (1e-6 + 2e-6 * g_ref.abs())).max())
+    beta_worst = float((beta.float() - beta_ref.float()).abs().max())
+    record("gdn_gate g, Triton (float32) vs reference (float64): max |difference| / (1e-6 + 2e-6 |g|)", worst, 1.0,
+           worst <= 1.0 and beta_worst <= 2 ** -8, beta_max_difference=beta_worst,
+           beta_differing=float((beta != beta_ref).double().mean()))
+
+
 def tiny_qwen35_config():
     from transformers import Qwen3_5TextConfig
 
@@ -376,6 +407,7 @@ def main() -> int:
         ("gdn multirc", lambda: check_gdn(gen, "multirc", 2, "multirc-shaped, Qwen3.5-4B GDN heads")),
         ("many segments", lambda: check_many_segments(gen)),
         ("empty segments", lambda: check_empty_segments(gen)),
+        ("norms and gates", lambda: check_norms_and_gates(gen)),
         ("tiny model", lambda: check_model("tiny Qwen3.5", tiny_qwen35_config(), *workload_prompts("race", 2, vocab=1024))),
     ]
     if not args.skip_4b:

@@ -10,6 +10,7 @@ import torch
 # name: (state tokens, questions per state, question tokens, requests per round)
 WORKLOADS = {
     "race": (375, 4, 90, 16),  # ~3.5 questions of ~90 tokens (chat-template suffix) per ~375-token passage
+    "race_single": (375, 1, 90, 16),  # one RACE question per request: the single-question latency case
     "multirc": (300, 30, 25, 8),  # ~6.5 questions x ~5 options judged true/false, ~300-token paragraph
     "quality": (5000, 18, 40, 2),  # ~5,000-token documents, ~18 questions
 }

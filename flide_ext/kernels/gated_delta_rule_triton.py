@@ -329,6 +329,9 @@ def fla_available() -> bool:
     """True when fla-core's chunked gated delta rule imports (GPU machines only:
     on a CPU-only machine importing fla makes transformers pick it and fail).
     Asked once per process: every GDN layer's dispatch consults it."""
+    from .fla_configs import use_shipped
+
+    use_shipped()
     try:
         import fla.ops.gated_delta_rule  # noqa: F401
     except Exception:

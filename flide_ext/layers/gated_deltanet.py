@@ -18,11 +18,11 @@ the stream, and the recurrent pass reads its levels from the tables.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.causal_conv1d import causal_conv1d, causal_conv1d_tree
 from ..kernels.dispatch import use_triton
+from ..kernels.gdn_gate import gdn_gate
 from ..kernels.gated_delta_rule import gated_delta_rule_tree
 from .linear import Linear
 from .norm import GatedRMSNorm
@@ -95,11 +95,7 @@ class GatedDeltaNet(nn.Module):
         q = q.reshape(T, self.num_k_heads, self.head_k_dim)
         k = k.reshape(T, self.num_k_heads, self.head_k_dim)
         v = v.reshape(T, self.num_v_heads, self.head_v_dim)
-        # In float64, then rounded: CPU vector math takes a scalar path for a
-        # tensor's tail elements, so float32 gates could differ by an ulp with the
-        # round's size; rounded float64 values do not.
-        beta = torch.sigmoid(b.double()).to(b.dtype)
-        g = (-self.A_log.double().exp() * F.softplus(a.double() + self.dt_bias.double())).float()
+        g, beta = gdn_gate(a, b, self.A_log, self.dt_bias)
 
         # With tables, the GPU pass needs no level tables (and building them
         # would add launches to a CUDA graph).

@@ -100,16 +100,22 @@ def parse_capacities(text: str, levels: int = 4) -> list[GraphCapacity]:
 def default_capacities(tokens: int, segments: int, levels: int = 4, smallest: int = 256,
                        step: float = 2 ** 0.25) -> list[GraphCapacity]:
     """Token capacities from ``smallest`` to ``tokens``, each ``step`` times the
-    last (rounded up to 64 rows), each with a segment capacity of one per 16
+    last (rounded up to 64 rows), each with a segment capacity of one per 32
     tokens (at least 8, at most ``segments``); the largest equals the round
     capacity, so every round that fits a round fits a graph.
+
+    The segment capacity also sizes the GDN chunk table (a segment adds at most
+    one partial chunk), and fla-core's chunk kernels do a whole chunk's work for
+    each padding entry: one segment per 16 tokens made a RACE question's graph
+    run 5x its chunks. One per 32 still holds MultiRC's 31 segments per 1,050
+    tokens; a round with more segments replays a larger graph.
 
     The step bounds the padding a round computes in vain (a 4B-sized model is
     compute-bound from a few hundred tokens on, so padded rows cost time): at
     most ``step - 1`` of its tokens, 19% by default, against 100% for doubling."""
     out, t = [], min(smallest, tokens)
     while t < tokens:
-        out.append(GraphCapacity(t, min(segments, max(8, t // 16)), levels))
+        out.append(GraphCapacity(t, min(segments, max(8, t // 32)), levels))
         t = max(t + 64, -(-int(t * step) // 64) * 64)
     out.append(GraphCapacity(tokens, segments, levels))
     return out

@@ -1,0 +1,49 @@
+"""The Gated DeltaNet gates of Qwen3.5 / Qwen3-Next (model cards; Yang, Kautz &
+Hatamizadeh, 2024, arXiv:2412.06464): write strength ``beta = sigmoid(b)`` and log
+decay ``g = -exp(A_log) * softplus(a + dt_bias)``, per token and value head; one
+Triton launch on the GPU instead of a dozen element-wise ones."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .dispatch import use_triton
+
+
+def gdn_gate_ref(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor):
+    """Plain PyTorch reference, in float64 and then rounded: CPU vector math takes a
+    scalar path for a tensor's tail elements, so float32 gates could differ by an
+    ulp with the round's size; rounded float64 values do not.
+
+    Args:
+        a, b: ``[T, HV]`` projections (any float dtype, any strides).
+        A_log, dt_bias: ``[HV]``.
+
+    Returns:
+        ``(g, beta)``: ``g`` ``[T, HV]`` float32 (<= 0), ``beta`` ``[T, HV]`` in ``b.dtype``.
+
+    Raises:
+        ValueError: shapes that do not match.
+    """
+    _check(a, b, A_log, dt_bias)
+    beta = torch.sigmoid(b.double()).to(b.dtype)
+    g = (-A_log.double().exp() * F.softplus(a.double() + dt_bias.double())).float()
+    return g, beta
+
+
+def _check(a, b, A_log, dt_bias) -> None:
+    if a.dim() != 2 or a.shape != b.shape:
+        raise ValueError(f"gdn_gate: a {tuple(a.shape)} and b {tuple(b.shape)} must both be [T, HV]")
+    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if t.shape != (a.shape[1],):
+            raise ValueError(f"gdn_gate: {name} shape {tuple(t.shape)} is not [{a.shape[1]}]")
+
+
+def gdn_gate(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor):
+    """:func:`gdn_gate_ref`'s contract; the Triton kernel (float32 math) on CUDA tensors."""
+    if use_triton(a):
+        from .gdn_gate_triton import gdn_gate_triton
+
+        return gdn_gate_triton(a, b, A_log, dt_bias)
+    return gdn_gate_ref(a, b, A_log, dt_bias)

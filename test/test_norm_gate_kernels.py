@@ -1,0 +1,146 @@
+"""The RMSNorm and GDN-gate Triton kernels under the Triton interpreter
+(``TRITON_INTERPRET=1``, set by conftest.py) against their PyTorch references,
+and the references against the Hugging Face modules they stand for."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from flide_ext.kernels import dispatch  # noqa: E402
+from flide_ext.kernels.gdn_gate import gdn_gate, gdn_gate_ref  # noqa: E402
+from flide_ext.kernels.gdn_gate_triton import gdn_gate_triton  # noqa: E402
+from flide_ext.kernels.rms_norm import rms_norm, rms_norm_ref  # noqa: E402
+from flide_ext.kernels.rms_norm_triton import as_rows, rms_norm_triton  # noqa: E402
+
+
+def _hf_norms():
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm, Qwen3_5RMSNormGated
+
+    return LlamaRMSNorm, Qwen3_5RMSNorm, Qwen3_5RMSNormGated
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(7, 96), (5, 3, 40), (1, 130)])
+def test_reference_is_the_hf_modules(dtype, shape):
+    LlamaRMSNorm, Qwen3_5RMSNorm, Qwen3_5RMSNormGated = _hf_norms()
+    gen = torch.Generator().manual_seed(sum(shape))
+    D = shape[-1]
+    x = (3 * torch.randn(*shape, generator=gen)).to(dtype)
+    z = torch.randn(*shape, generator=gen).to(dtype)
+    w = (1 + 0.1 * torch.randn(D, generator=gen)).to(dtype)
+    offset = (0.1 * torch.randn(D, generator=gen)).to(dtype)
+    llama = LlamaRMSNorm(D, eps=1e-6).to(dtype)
+    qwen = Qwen3_5RMSNorm(D, eps=1e-6).to(dtype)
+    gated = Qwen3_5RMSNormGated(D, eps=1e-6).to(dtype)
+    with torch.no_grad():
+        llama.weight.copy_(w)
+        qwen.weight.copy_(offset)
+        gated.weight.copy_(w)
+        assert torch.equal(rms_norm_ref(x, w, 1e-6, "cast"), llama(x))
+        assert torch.equal(rms_norm_ref(x, offset, 1e-6, "offset"), qwen(x))
+        assert torch.equal(rms_norm_ref(x, w, 1e-6, "cast", gate=z), gated(x, z))
+
+
+@pytest.mark.parametrize("mode,gated", [("cast", False), ("offset", False), ("cast", True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(9, 96), (4, 5, 24), (3, 130), (33, 8)])
+def test_rms_norm_triton_matches_reference(mode, gated, dtype, shape):
+    gen = torch.Generator().manual_seed(len(shape) * 1000 + shape[-1])
+    x = (2 * torch.randn(*shape, generator=gen)).to(dtype)
+    z = torch.randn(*shape, generator=gen).to(dtype) if gated else None
+    w = (1 + 0.2 * torch.randn(shape[-1], generator=gen)).to(dtype)
+    got = rms_norm_triton(x, w, 1e-6, mode, z)
+    want = rms_norm_ref(x, w, 1e-6, mode, z)
+    assert got.dtype == want.dtype and got.shape == want.shape and got.is_contiguous()
+    # bf16: the interpreter casts float32 to bf16 by truncation where the GPU (and
+    # torch) round to nearest even, and a bf16 path rounds twice: four bf16 ulps.
+    # The GPU check (benchmark/kernels/check_kernels.py) holds bf16 to two.
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -5, atol=2 ** -5)
+    torch.testing.assert_close(got.float(), want.float(), **tol)
+
+
+def test_rms_norm_triton_strided_views_and_float32_weights():
+    gen = torch.Generator().manual_seed(3)
+    qg = torch.randn(6, 4, 2 * 32, generator=gen)
+    q = qg.view(6, 4, 2, 32)[:, :, 0]  # the query half of a gated q_proj: rows at stride 64
+    rows, stride = as_rows(q)
+    assert stride == 64 and rows.data_ptr() == q.data_ptr()  # no copy
+    w = 0.1 * torch.randn(32, generator=gen)
+    torch.testing.assert_close(rms_norm_triton(q, w, 1e-6, "offset"), rms_norm_ref(q, w, 1e-6, "offset"),
+                               rtol=1e-5, atol=1e-5)
+    x = torch.randn(5, 3, 16, generator=gen).transpose(0, 1)  # rows not at one stride: copied
+    torch.testing.assert_close(rms_norm_triton(x, w[:16], 1e-5), rms_norm_ref(x, w[:16], 1e-5), rtol=1e-5, atol=1e-5)
+    # A float32 weight on bf16 rows promotes the ungated output to float32, as torch does.
+    xb = torch.randn(4, 16, generator=gen).to(torch.bfloat16)
+    got, want = rms_norm_triton(xb, w[:16], 1e-6), rms_norm_ref(xb, w[:16], 1e-6)
+    assert got.dtype == want.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=2 ** -7, atol=1e-5)  # one bf16 cast (truncated here)
+    gz = torch.randn(4, 16, generator=gen).to(torch.bfloat16)
+    got, want = rms_norm_triton(xb, w[:16], 1e-6, gate=gz), rms_norm_ref(xb, w[:16], 1e-6, gate=gz)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -5, atol=2 ** -5)
+
+
+def test_rms_norm_refuses_bad_arguments():
+    x = torch.randn(3, 8)
+    for fn in (rms_norm_ref, rms_norm_triton):
+        with pytest.raises(ValueError, match="mode"):
+            fn(x, torch.ones(8), 1e-6, "layer")
+        with pytest.raises(ValueError, match="weight shape"):
+            fn(x, torch.ones(7), 1e-6)
+        with pytest.raises(ValueError, match="gate"):
+            fn(x, torch.ones(8), 1e-6, "offset", gate=x)
+        with pytest.raises(ValueError, match="gate shape"):
+            fn(x, torch.ones(8), 1e-6, "cast", gate=x[:2])
+    assert rms_norm_triton(torch.empty(0, 8), torch.ones(8), 1e-6).shape == (0, 8)
+
+
+def test_dispatch_runs_the_kernels_only_when_asked(monkeypatch):
+    gen = torch.Generator().manual_seed(5)
+    x, w = torch.randn(4, 24, generator=gen), torch.randn(24, generator=gen)
+    a, b = torch.randn(4, 6, generator=gen), torch.randn(4, 6, generator=gen)
+    A_log, dt = torch.randn(6, generator=gen), torch.randn(6, generator=gen)
+    assert torch.equal(rms_norm(x, w, 1e-6), rms_norm_ref(x, w, 1e-6))
+    assert all(torch.equal(p, q) for p, q in zip(gdn_gate(a, b, A_log, dt), gdn_gate_ref(a, b, A_log, dt)))
+    with dispatch.force_triton():
+        torch.testing.assert_close(rms_norm(x, w, 1e-6), rms_norm_ref(x, w, 1e-6), rtol=1e-5, atol=1e-5)
+        for p, q in zip(gdn_gate(a, b, A_log, dt), gdn_gate_ref(a, b, A_log, dt)):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gdn_gate_triton_matches_reference(dtype):
+    gen = torch.Generator().manual_seed(11)
+    T, HV = 37, 12
+    ab = (8 * torch.randn(T, 2 * HV, generator=gen)).to(dtype)
+    a, b = ab[:, :HV], ab[:, HV:]  # strided views, as split projections are
+    a[0, :4] = torch.tensor([30.0, -30.0, 19.0, -16.0]).to(dtype)  # softplus' linear and tiny ends
+    A_log = torch.randn(HV, generator=gen)
+    dt_bias = torch.randn(HV, generator=gen).to(dtype)
+    g, beta = gdn_gate_triton(a, b, A_log, dt_bias)
+    g_ref, beta_ref = gdn_gate_ref(a, b, A_log, dt_bias)
+    assert g.dtype == torch.float32 and beta.dtype == dtype and g.shape == beta.shape == (T, HV)
+    # g is a log decay, summed and exponentiated: 1e-6 absolute is a 1e-6 relative decay.
+    torch.testing.assert_close(g, g_ref, rtol=2e-6, atol=1e-6)
+    tol = dict(rtol=1e-6, atol=1e-6) if dtype == torch.float32 else dict(rtol=0, atol=2 ** -8)
+    torch.testing.assert_close(beta.float(), beta_ref.float(), **tol)
+    assert (g <= 0).all()
+    # The reference is the model cards' formula.
+    want = -A_log.exp() * F.softplus(a.double() + dt_bias.double()).float()
+    torch.testing.assert_close(g_ref, want, rtol=1e-6, atol=1e-7)
+
+
+def test_gdn_gate_refuses_bad_shapes():
+    a = torch.randn(4, 6)
+    for fn in (gdn_gate_ref, gdn_gate_triton):
+        with pytest.raises(ValueError, match="must both be"):
+            fn(a, a[:, :5], torch.zeros(6), torch.zeros(6))
+        with pytest.raises(ValueError, match="A_log"):
+            fn(a, a, torch.zeros(5), torch.zeros(6))
+    g, beta = gdn_gate_triton(torch.empty(0, 6), torch.empty(0, 6), torch.zeros(6), torch.zeros(6))
+    assert g.shape == beta.shape == (0, 6)
