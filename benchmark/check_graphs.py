@@ -111,7 +111,14 @@ def main(argv=None) -> int:
             totals.append(1e3 * (time.perf_counter() - t1))
             hosts.append(runner.last_host_ms)
         used = engine.last_graph
-        record(f"{workload} single request, flat graph", used is not None, p50_ms=sorted(totals)[6],
+        # A graph, unless the runner's cost model sent the round eagerly because
+        # its own estimate beat the padded graph's measured replay (large rounds).
+        plan_size = engine.last_round.stream_tokens
+        fits = next((c for c in runner.capacities if c.tokens >= plan_size), None)
+        eager_chosen = (used is None and fits is not None
+                        and runner._eager_ms(plan_size) < runner._graphs[fits].replay_ms)
+        record(f"{workload} single request, flat graph (or eager by the cost model)", used is not None or eager_chosen,
+               eager_by_cost_model=eager_chosen, p50_ms=sorted(totals)[6],
                host_tables_ms=sorted(hosts)[6], graph=[used.tokens, used.segments] if used else None,
                graph_replay_ms=runner._graphs[used].replay_ms if used else None,
                stream_tokens=engine.last_round.stream_tokens, launch_ms=runner.launch_ms)
