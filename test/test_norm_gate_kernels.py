@@ -13,7 +13,7 @@ import torch.nn.functional as F  # noqa: E402
 from flide_ext.kernels import dispatch  # noqa: E402
 from flide_ext.kernels.gdn_gate import gdn_gate, gdn_gate_ref  # noqa: E402
 from flide_ext.kernels.gdn_gate_triton import gdn_gate_triton  # noqa: E402
-from flide_ext.kernels.rms_norm import rms_norm, rms_norm_ref  # noqa: E402
+from flide_ext.kernels.rms_norm import MAX_TRITON_WIDTH, rms_norm, rms_norm_ref  # noqa: E402
 from flide_ext.kernels.rms_norm_triton import as_rows, rms_norm_triton  # noqa: E402
 
 
@@ -109,6 +109,15 @@ def test_dispatch_runs_the_kernels_only_when_asked(monkeypatch):
     assert all(torch.equal(p, q) for p, q in zip(gdn_gate(a, b, A_log, dt), gdn_gate_ref(a, b, A_log, dt)))
     with dispatch.force_triton():
         torch.testing.assert_close(rms_norm(x, w, 1e-6), rms_norm_ref(x, w, 1e-6), rtol=1e-5, atol=1e-5)
+        # Rows wider than one program holds take the reference.
+        calls = []
+        monkeypatch.setattr("flide_ext.kernels.rms_norm_triton.rms_norm_triton",
+                            lambda *a, **k: calls.append(a) or rms_norm_ref(*a, **k))
+        wide = torch.randn(2, MAX_TRITON_WIDTH + 1, generator=gen)
+        ones = torch.ones(MAX_TRITON_WIDTH + 1)
+        assert torch.equal(rms_norm(wide, ones, 1e-6), rms_norm_ref(wide, ones, 1e-6)) and not calls
+        rms_norm(x, w, 1e-6)
+        assert len(calls) == 1
         for p, q in zip(gdn_gate(a, b, A_log, dt), gdn_gate_ref(a, b, A_log, dt)):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
@@ -144,3 +153,44 @@ def test_gdn_gate_refuses_bad_shapes():
             fn(a, a, torch.zeros(5), torch.zeros(6))
     g, beta = gdn_gate_triton(torch.empty(0, 6), torch.empty(0, 6), torch.zeros(6), torch.zeros(6))
     assert g.shape == beta.shape == (0, 6)
+
+
+def test_strided_parameters_float64_and_scalars():
+    gen = torch.Generator().manual_seed(17)
+    x = torch.randn(5, 64, generator=gen)
+    for w in (torch.randn(128, generator=gen)[::2], torch.randn(1, generator=gen).expand(64)):  # strided, stride 0
+        for mode in ("cast", "offset"):
+            torch.testing.assert_close(rms_norm_triton(x, w, 1e-6, mode), rms_norm_ref(x, w, 1e-6, mode),
+                                       rtol=1e-5, atol=1e-5)
+    a, b = torch.randn(5, 4, generator=gen), torch.randn(5, 4, generator=gen)
+    A_log, dt = torch.randn(8, generator=gen)[::2], torch.randn(1, generator=gen).expand(4)
+    for p, q in zip(gdn_gate_triton(a, b, A_log, dt), gdn_gate_ref(a, b, A_log, dt)):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    # float64 is the reference's alone: the kernels (float32 math) refuse it, the
+    # dispatch sends it to the reference.
+    xd, wd = x.double(), torch.randn(64, generator=gen, dtype=torch.float64)
+    with pytest.raises(ValueError, match="x dtype torch.float64"):
+        rms_norm_triton(xd, wd, 1e-6)
+    with pytest.raises(ValueError, match="weight dtype torch.float64"):
+        rms_norm_triton(x, wd, 1e-6)
+    with pytest.raises(ValueError, match="b dtype torch.float64"):
+        gdn_gate_triton(a, b.double(), A_log, dt)
+    with dispatch.force_triton():
+        assert torch.equal(rms_norm(xd, wd, 1e-6), rms_norm_ref(xd, wd, 1e-6))
+        assert torch.equal(rms_norm(x, wd, 1e-6), rms_norm_ref(x, wd, 1e-6))
+        assert all(torch.equal(p, q) for p, q in zip(gdn_gate(a, b.double(), A_log, dt),
+                                                      gdn_gate_ref(a, b.double(), A_log, dt)))
+    with pytest.raises(ValueError, match="at least one dimension"):
+        rms_norm(torch.tensor(2.0), torch.ones(()), 1e-6)
+
+
+def test_gdn_gate_softplus_to_float32_precision():
+    # log(1 + e) rounds 1 + e first; the kernel cancels that rounding, so g keeps
+    # float32's relative precision across softplus' whole range (torch's float32
+    # softplus: ~1e-7), where a plain log(1 + e) loses up to ~6e-4.
+    a = torch.linspace(-25, 25, 5001)[:, None]
+    zero = torch.zeros(1)
+    g, _ = gdn_gate_triton(a, torch.zeros_like(a), zero, zero)
+    g_ref, _ = gdn_gate_ref(a, torch.zeros_like(a), zero, zero)
+    rel = ((g.double() - g_ref.double()).abs() / g_ref.double().abs()).max()
+    assert rel < 1e-6, float(rel)

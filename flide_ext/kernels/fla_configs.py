@@ -39,7 +39,8 @@ def use_shipped() -> bool:
 
     if not torch.cuda.is_available():
         return False
-    folder = SHIPPED / gpu_dir_name(torch.cuda.get_device_name(0))
+    # FLA_GPU_NAME is fla's own override of the GPU it picks configs for.
+    folder = SHIPPED / gpu_dir_name(os.environ.get("FLA_GPU_NAME") or torch.cuda.get_device_name(0))
     if not folder.is_dir():
         return False
     os.environ["FLA_CONFIG_DIR"] = str(folder)

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 from .dispatch import use_triton
 
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
 
 def gdn_gate_ref(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor):
     """Plain PyTorch reference, in float64 and then rounded: CPU vector math takes a
@@ -41,8 +43,9 @@ def _check(a, b, A_log, dt_bias) -> None:
 
 
 def gdn_gate(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor):
-    """:func:`gdn_gate_ref`'s contract; the Triton kernel (float32 math) on CUDA tensors."""
-    if use_triton(a):
+    """:func:`gdn_gate_ref`'s contract; the Triton kernel (float32 math) on CUDA
+    tensors of ``KERNEL_DTYPES`` (float64 takes the reference)."""
+    if use_triton(a) and a.dtype in KERNEL_DTYPES and b.dtype in KERNEL_DTYPES:
         from .gdn_gate_triton import gdn_gate_triton
 
         return gdn_gate_triton(a, b, A_log, dt_bias)

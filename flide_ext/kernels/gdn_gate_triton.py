@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gdn_gate import _check
+from .gdn_gate import KERNEL_DTYPES, _check
 
 BLOCK = 1024
 
@@ -20,19 +20,30 @@ def _gdn_gate_kernel(A, B, A_LOG, DT_BIAS, G, BETA, N, HV, stride_a, stride_b, B
     a = tl.load(A + t * stride_a + h, mask=ok, other=0.0).to(tl.float32)
     b = tl.load(B + t * stride_b + h, mask=ok, other=0.0).to(tl.float32)
     x = a + tl.load(DT_BIAS + h, mask=ok, other=0.0).to(tl.float32)
-    # softplus = max(x, 0) + log(1 + e), e = exp(-|x|) (torch: linear above 20);
-    # log(1 + e) by its series where 1 + e would round e away in float32.
+    # softplus = max(x, 0) + log1p(e), e = exp(-|x|) (torch: linear above 20).
+    # log1p(e) = log(u) * e / (u - 1) with u = 1 + e rounded, which cancels u's
+    # rounding error (Goldberg, 1991, "What every computer scientist should know
+    # about floating-point arithmetic", Theorem 4); e itself where u rounds to 1.
     e = tl.exp(-tl.abs(x))
-    softplus = tl.maximum(x, 0.0) + tl.where(e < 1e-4, e * (1.0 - 0.5 * e), tl.log(1.0 + e))
-    softplus = tl.where(x > 20.0, x, softplus)
+    u = 1.0 + e
+    log1p = tl.where(u == 1.0, e, tl.log(u) * e / tl.where(u == 1.0, 1.0, u - 1.0))
+    softplus = tl.where(x > 20.0, x, tl.maximum(x, 0.0) + log1p)
     g = -tl.exp(tl.load(A_LOG + h, mask=ok, other=0.0).to(tl.float32)) * softplus
     tl.store(G + i, g, mask=ok)
-    tl.store(BETA + i, tl.cast(tl.sigmoid(b), BETA.dtype.element_ty, fp_downcast_rounding="rtne"), mask=ok)
+    tl.store(BETA + i, tl.sigmoid(b).to(BETA.dtype.element_ty), mask=ok)
 
 
 def gdn_gate_triton(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor):
-    """:func:`flide_ext.kernels.gdn_gate.gdn_gate_ref`'s contract."""
+    """:func:`flide_ext.kernels.gdn_gate.gdn_gate_ref`'s contract.
+
+    Raises:
+        ValueError: as the reference, or ``a``/``b`` outside ``KERNEL_DTYPES``.
+    """
     _check(a, b, A_log, dt_bias)
+    for name, t in (("a", a), ("b", b)):
+        if t.dtype not in KERNEL_DTYPES:
+            raise ValueError(f"gdn_gate_triton: {name} dtype {t.dtype} is not one of float32, bfloat16, float16")
+    A_log, dt_bias = A_log.contiguous(), dt_bias.contiguous()
     T, HV = a.shape
     g = torch.empty(T, HV, dtype=torch.float32, device=a.device)
     beta = torch.empty(T, HV, dtype=b.dtype, device=b.device)

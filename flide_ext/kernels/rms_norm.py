@@ -25,6 +25,8 @@ import torch.nn.functional as F
 from .dispatch import use_triton
 
 MODES = ("cast", "offset")
+MAX_TRITON_WIDTH = 16384  # elements of one row the kernel holds at once
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the kernel computes in float32
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = "cast",
@@ -57,6 +59,8 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = 
 
 
 def _check(x, weight, mode, gate) -> None:
+    if x.dim() == 0:
+        raise ValueError("rms_norm: x must have at least one dimension (the normalised one)")
     if mode not in MODES:
         raise ValueError(f"rms_norm mode {mode!r} is not one of {', '.join(MODES)}")
     if weight.shape != (x.shape[-1],):
@@ -70,8 +74,12 @@ def _check(x, weight, mode, gate) -> None:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = "cast",
              gate: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """:func:`rms_norm_ref`'s contract; the Triton kernel on CUDA tensors."""
-    if use_triton(x):
+    """:func:`rms_norm_ref`'s contract; the Triton kernel on CUDA tensors of
+    ``KERNEL_DTYPES`` whose rows are at most ``MAX_TRITON_WIDTH`` wide (a program
+    holds a whole row; wider rows, wider than any supported model's, and float64
+    take the reference)."""
+    if (use_triton(x) and x.shape[-1] <= MAX_TRITON_WIDTH and x.dtype in KERNEL_DTYPES
+            and weight.dtype in KERNEL_DTYPES and (gate is None or gate.dtype in KERNEL_DTYPES)):
         from .rms_norm_triton import rms_norm_triton
 
         return rms_norm_triton(x, weight, eps, mode, gate)

@@ -14,15 +14,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .rms_norm import _check
+from .rms_norm import KERNEL_DTYPES, _check
 
 ELEMENTS_PER_PROGRAM = 4096  # rows of a narrow norm (per-head q/k, GDN output) share a program
 
 
 @triton.jit
 def _round(x, dtype: tl.constexpr):
-    """``x`` (float32) rounded to ``dtype`` to nearest even, as torch casts, back in float32."""
-    return tl.cast(x, dtype, fp_downcast_rounding="rtne").to(tl.float32)
+    """``x`` (float32) rounded to ``dtype`` (to nearest even on the GPU, as torch casts), back in float32."""
+    return x.to(dtype).to(tl.float32)
 
 
 @triton.jit
@@ -49,8 +49,7 @@ def _rms_norm_kernel(X, W, GATE, Y, N, D, stride_x, stride_gate, eps,
                 y = _round(y, X.dtype.element_ty)
             z = tl.load(GATE + rows[:, None] * stride_gate + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             y = y * (z * tl.sigmoid(z))
-    tl.store(Y + rows[:, None] * D + cols[None, :], tl.cast(y, Y.dtype.element_ty, fp_downcast_rounding="rtne"),
-             mask=mask)
+    tl.store(Y + rows[:, None] * D + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
 def as_rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -69,8 +68,17 @@ def as_rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = "cast",
                     gate: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """:func:`flide_ext.kernels.rms_norm.rms_norm_ref` in one launch; output contiguous."""
+    """:func:`flide_ext.kernels.rms_norm.rms_norm_ref` in one launch; output contiguous.
+
+    Raises:
+        ValueError: as the reference, or a dtype outside ``KERNEL_DTYPES`` (the
+            kernel computes in float32).
+    """
     _check(x, weight, mode, gate)
+    for name, t in (("x", x), ("weight", weight), ("gate", gate)):
+        if t is not None and t.dtype not in KERNEL_DTYPES:
+            raise ValueError(f"rms_norm_triton: {name} dtype {t.dtype} is not one of float32, bfloat16, float16")
+    weight = weight.contiguous()
     D = x.shape[-1]
     N = x.numel() // D if D else 0
     promoted = torch.promote_types(weight.dtype, x.dtype)
