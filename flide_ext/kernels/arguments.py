@@ -34,3 +34,21 @@ def check_written(**tensors: torch.Tensor) -> None:
     for name, t in tensors.items():
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous (it is written in place)")
+
+
+# Dtypes the element-wise kernels take: they compute in float32, so float64
+# inputs keep the reference's precision only in the reference.
+FLOAT32_MATH_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def float32_math_dtypes(*tensors: Optional[torch.Tensor]) -> bool:
+    """True when every given tensor (None skipped) has a dtype of ``FLOAT32_MATH_DTYPES``."""
+    return all(t is None or t.dtype in FLOAT32_MATH_DTYPES for t in tensors)
+
+
+def check_float32_math_dtypes(kernel: str, **tensors: Optional[torch.Tensor]) -> None:
+    """Raises ValueError naming the first argument (None skipped) whose dtype is not
+    one of ``FLOAT32_MATH_DTYPES``."""
+    for name, t in tensors.items():
+        if t is not None and t.dtype not in FLOAT32_MATH_DTYPES:
+            raise ValueError(f"{kernel}: {name} dtype {t.dtype} is not one of float32, bfloat16, float16")

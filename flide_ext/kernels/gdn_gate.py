@@ -8,9 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .arguments import float32_math_dtypes
 from .dispatch import use_triton
-
-KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def gdn_gate_ref(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor):
@@ -44,8 +43,8 @@ def _check(a, b, A_log, dt_bias) -> None:
 
 def gdn_gate(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor):
     """:func:`gdn_gate_ref`'s contract; the Triton kernel (float32 math) on CUDA
-    tensors of ``KERNEL_DTYPES`` (float64 takes the reference)."""
-    if use_triton(a) and a.dtype in KERNEL_DTYPES and b.dtype in KERNEL_DTYPES:
+    tensors of float32, bfloat16 or float16 (float64 takes the reference)."""
+    if use_triton(a) and float32_math_dtypes(a, b):
         from .gdn_gate_triton import gdn_gate_triton
 
         return gdn_gate_triton(a, b, A_log, dt_bias)

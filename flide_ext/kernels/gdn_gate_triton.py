@@ -7,7 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .gdn_gate import KERNEL_DTYPES, _check
+from .arguments import check_float32_math_dtypes
+from .gdn_gate import _check
 
 BLOCK = 1024
 
@@ -37,12 +38,10 @@ def gdn_gate_triton(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bi
     """:func:`flide_ext.kernels.gdn_gate.gdn_gate_ref`'s contract.
 
     Raises:
-        ValueError: as the reference, or ``a``/``b`` outside ``KERNEL_DTYPES``.
+        ValueError: as the reference, or ``a``/``b`` not float32, bfloat16 or float16.
     """
     _check(a, b, A_log, dt_bias)
-    for name, t in (("a", a), ("b", b)):
-        if t.dtype not in KERNEL_DTYPES:
-            raise ValueError(f"gdn_gate_triton: {name} dtype {t.dtype} is not one of float32, bfloat16, float16")
+    check_float32_math_dtypes("gdn_gate_triton", a=a, b=b)
     A_log, dt_bias = A_log.contiguous(), dt_bias.contiguous()
     T, HV = a.shape
     g = torch.empty(T, HV, dtype=torch.float32, device=a.device)

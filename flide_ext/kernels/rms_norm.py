@@ -22,11 +22,11 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from .arguments import float32_math_dtypes
 from .dispatch import use_triton
 
 MODES = ("cast", "offset")
 MAX_TRITON_WIDTH = 16384  # elements of one row the kernel holds at once
-KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the kernel computes in float32
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = "cast",
@@ -75,11 +75,10 @@ def _check(x, weight, mode, gate) -> None:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = "cast",
              gate: Optional[torch.Tensor] = None) -> torch.Tensor:
     """:func:`rms_norm_ref`'s contract; the Triton kernel on CUDA tensors of
-    ``KERNEL_DTYPES`` whose rows are at most ``MAX_TRITON_WIDTH`` wide (a program
+    float32, bfloat16 or float16 whose rows are at most ``MAX_TRITON_WIDTH`` wide (a program
     holds a whole row; wider rows, wider than any supported model's, and float64
     take the reference)."""
-    if (use_triton(x) and x.shape[-1] <= MAX_TRITON_WIDTH and x.dtype in KERNEL_DTYPES
-            and weight.dtype in KERNEL_DTYPES and (gate is None or gate.dtype in KERNEL_DTYPES)):
+    if use_triton(x) and x.shape[-1] <= MAX_TRITON_WIDTH and float32_math_dtypes(x, weight, gate):
         from .rms_norm_triton import rms_norm_triton
 
         return rms_norm_triton(x, weight, eps, mode, gate)

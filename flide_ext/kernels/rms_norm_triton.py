@@ -14,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .rms_norm import KERNEL_DTYPES, _check
+from .arguments import check_float32_math_dtypes
+from .rms_norm import _check
 
 ELEMENTS_PER_PROGRAM = 4096  # rows of a narrow norm (per-head q/k, GDN output) share a program
 
@@ -71,13 +72,11 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str
     """:func:`flide_ext.kernels.rms_norm.rms_norm_ref` in one launch; output contiguous.
 
     Raises:
-        ValueError: as the reference, or a dtype outside ``KERNEL_DTYPES`` (the
-            kernel computes in float32).
+        ValueError: as the reference, or a dtype other than float32, bfloat16 or
+            float16 (the kernel computes in float32).
     """
     _check(x, weight, mode, gate)
-    for name, t in (("x", x), ("weight", weight), ("gate", gate)):
-        if t is not None and t.dtype not in KERNEL_DTYPES:
-            raise ValueError(f"rms_norm_triton: {name} dtype {t.dtype} is not one of float32, bfloat16, float16")
+    check_float32_math_dtypes("rms_norm_triton", x=x, weight=weight, gate=gate)
     weight = weight.contiguous()
     D = x.shape[-1]
     N = x.numel() // D if D else 0
