@@ -105,6 +105,7 @@ def main(argv=None) -> int:
         runner.mode = "flat"
         totals, hosts = [], []
         for g in groups:
+            by_cost = runner.eager_by_cost  # before this round: the last round's choice below
             torch.cuda.synchronize()
             t1 = time.perf_counter()
             engine.run_round([g])
@@ -113,10 +114,7 @@ def main(argv=None) -> int:
         used = engine.last_graph
         # A graph, unless the runner's cost model sent the round eagerly because
         # its own estimate beat the padded graph's measured replay (large rounds).
-        plan_size = engine.last_round.stream_tokens
-        fits = next((c for c in runner.capacities if c.tokens >= plan_size), None)
-        eager_chosen = (used is None and fits is not None
-                        and runner._eager_ms(plan_size) < runner._graphs[fits].replay_ms)
+        eager_chosen = used is None and runner.eager_by_cost > by_cost
         record(f"{workload} single request, flat graph (or eager by the cost model)", used is not None or eager_chosen,
                eager_by_cost_model=eager_chosen, p50_ms=sorted(totals)[6],
                host_tables_ms=sorted(hosts)[6], graph=[used.tokens, used.segments] if used else None,
@@ -154,7 +152,8 @@ def main(argv=None) -> int:
                 stream = engine.last_round.stream_tokens
                 compare(f"{workload}{' varied' if vary else ''} x{count} in the largest graph vs eager", padded, eager,
                         stream_tokens=stream, padding_rows=largest.tokens - stream)
-    record("rounds", True, replays=runner.replays, eager_rounds=runner.eager_rounds, captures=runner.captures)
+    record("rounds", True, replays=runner.replays, eager_rounds=runner.eager_rounds,
+           eager_by_cost=runner.eager_by_cost, captures=runner.captures)
     Path(args.out).write_text(json.dumps(results, indent=1))
     failed = [r["check"] for r in results if not r["ok"]]
     print(f"{len(results) - len(failed)}/{len(results)} checks pass" + (f"; failed: {failed}" if failed else ""))

@@ -188,6 +188,8 @@ class GraphRunner:
         capture_seconds: wall time of the last :meth:`capture` (flat mode).
         capture_log: seconds per graph of the last :meth:`capture`, largest first.
         replays, eager_rounds, captures: counts since start.
+        eager_by_cost: of the eager rounds, those a graph held but whose own
+            estimated GPU time beat the graph's measured replay.
         launch_ms: wall time of one eager forward of the smallest capacity.
     """
 
@@ -214,7 +216,7 @@ class GraphRunner:
         self._pool_generation = self._generation()
         self.capture_seconds = 0.0
         self.capture_log: list[float] = []
-        self.replays = self.eager_rounds = self.captures = 0
+        self.replays = self.eager_rounds = self.eager_by_cost = self.captures = 0
         self.last_host_ms = 0.0  # host time of the last replayed round's tables and copy
 
     def _generation(self):
@@ -293,6 +295,7 @@ class GraphRunner:
             return GraphCapacity(size[0], max(size[1], size[3]), size[2])
         entry = self._graphs.get(fits)
         if entry is not None and self._eager_ms(size[0]) < entry.replay_ms:
+            self.eager_by_cost += 1
             return None
         return fits
 
