@@ -203,17 +203,35 @@ def test_pad_plan_refuses_what_does_not_fit(tiny_dirs):
 
 def test_capacities():
     caps = default_capacities(65536, 4096)
-    assert caps[0] == GraphCapacity(256, 8) and caps[-1] == GraphCapacity(65536, 4096)
+    assert caps[0] == GraphCapacity(256, 2, 2) and caps[-1] == GraphCapacity(65536, 4096)
+    full = [c for c in caps if c.levels == 4]
+    lean = [c for c in caps if c.levels == 2]
+    assert full[0] == GraphCapacity(256, 8) and len(full) + len(lean) == len(caps)
     # One segment per 32 tokens: MultiRC's 31 segments per 1,050 tokens fit the
     # graph its tokens choose.
-    assert all(c.segments == max(8, c.tokens // 32) for c in caps[:-1])
-    tokens = [c.tokens for c in caps]
+    assert all(c.segments == max(8, c.tokens // 32) for c in full[:-1])
+    # Lean graphs (one segment per 128 tokens, 2 levels) up to 2,048 tokens,
+    # beside the full graph of the same token capacity.
+    assert [c.tokens for c in lean] == [c.tokens for c in full if c.tokens <= 2048]
+    assert all(c.segments == max(2, c.tokens // 128) for c in lean)
+    assert caps == sorted(caps, key=lambda c: (c.tokens, c.segments, c.levels))
+    # The first capacity that holds a round (the runner's pick) is the lean one
+    # for a single RACE question (465 tokens, one segment, one level) and for four
+    # (735 tokens, five segments, two levels); MultiRC (1,050 tokens, 31 segments)
+    # and three-level trees take the full graph.
+    pick = lambda *size: next(c for c in caps if c.holds(*size))  # noqa: E731
+    assert pick(465, 1, 1, 1) == GraphCapacity(512, 4, 2)
+    assert pick(735, 5, 2, 4) == GraphCapacity(768, 6, 2)
+    assert pick(1050, 31, 2, 30) == GraphCapacity(1152, 36)
+    assert pick(465, 3, 3, 2) == GraphCapacity(512, 16)
+    assert len(default_capacities(65536, 4096, lean_tokens=0)) == len(full)
+    tokens = [c.tokens for c in full]
     # Each at most 2**(1/4) times the last (plus rounding to 64 rows): a round
     # pads at most ~19% of its tokens.
     assert all(b <= a * 2**0.25 + 64 and b > a for a, b in zip(tokens, tokens[1:]))
-    assert all(t % 64 == 0 for t in tokens) and 25 <= len(caps) <= 40
+    assert all(t % 64 == 0 for t in tokens) and 25 <= len(full) <= 40
     assert all(c.segments <= 4096 for c in caps)
-    assert [c.tokens for c in default_capacities(65536, 4096, step=2.0)] == [256 * 2**i for i in range(9)]
+    assert [c.tokens for c in default_capacities(65536, 4096, step=2.0, lean_tokens=0)] == [256 * 2**i for i in range(9)]
     assert default_capacities(100, 5) == [GraphCapacity(100, 5)]
     assert parse_capacities("512:32, 4096:256", levels=3) == [GraphCapacity(512, 32, 3), GraphCapacity(4096, 256, 3)]
     assert parse_capacities("512:32:2,1024:64") == [GraphCapacity(512, 32, 2), GraphCapacity(1024, 64, 4)]

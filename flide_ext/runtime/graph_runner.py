@@ -98,17 +98,25 @@ def parse_capacities(text: str, levels: int = 4) -> list[GraphCapacity]:
 
 
 def default_capacities(tokens: int, segments: int, levels: int = 4, smallest: int = 256,
-                       step: float = 2 ** 0.25) -> list[GraphCapacity]:
+                       step: float = 2 ** 0.25, lean_tokens: int = 2048) -> list[GraphCapacity]:
     """Token capacities from ``smallest`` to ``tokens``, each ``step`` times the
     last (rounded up to 64 rows), each with a segment capacity of one per 32
     tokens (at least 8, at most ``segments``); the largest equals the round
-    capacity, so every round that fits a round fits a graph.
+    capacity, so every round that fits a round fits a graph. Up to
+    ``lean_tokens``, each token capacity also gets a *lean* graph: one segment
+    per 128 tokens (at least 2) and 2 levels.
 
     The segment capacity also sizes the GDN chunk table (a segment adds at most
     one partial chunk), and fla-core's chunk kernels do a whole chunk's work for
     each padding entry: one segment per 16 tokens made a RACE question's graph
     run 5x its chunks. One per 32 still holds MultiRC's 31 segments per 1,050
-    tokens; a round with more segments replays a larger graph.
+    tokens; a round with more segments replays a larger graph. A round of one
+    or a few requests with long questions (a single RACE question: one segment
+    in 465 tokens; four: five in 735) fits the lean graph, whose chunk table is
+    half as long (chunks plus segments: 8 + 4 against 8 + 16 at 512 tokens),
+    with two inter-chunk launches per GDN layer instead of four. Lean graphs
+    stop at ``lean_tokens`` to keep the capture short; larger rounds are
+    compute-bound on their own rows.
 
     The step bounds the padding a round computes in vain (a 4B-sized model is
     compute-bound from a few hundred tokens on, so padded rows cost time): at
@@ -116,9 +124,11 @@ def default_capacities(tokens: int, segments: int, levels: int = 4, smallest: in
     out, t = [], min(smallest, tokens)
     while t < tokens:
         out.append(GraphCapacity(t, min(segments, max(8, t // 32)), levels))
+        if t <= lean_tokens:
+            out.append(GraphCapacity(t, min(segments, max(2, t // 128)), min(levels, 2)))
         t = max(t + 64, -(-int(t * step) // 64) * 64)
     out.append(GraphCapacity(tokens, segments, levels))
-    return out
+    return sorted(set(out), key=lambda c: (c.tokens, c.segments, c.levels))
 
 
 @dataclass(frozen=True)
@@ -304,7 +314,12 @@ class GraphRunner:
         # least the GPU time of its own tokens, interpolated between the
         # replays of the capacities around it; a large round's launches hide
         # behind its GPU work, and it computes no padding.
-        timed = sorted((c.tokens, e.replay_ms) for c, e in self._graphs.items())
+        # The fastest graph per token count (a lean and a full graph share one):
+        # the rows' own GPU time, with the least padding work.
+        fastest: dict = {}
+        for c, e in self._graphs.items():
+            fastest[c.tokens] = min(e.replay_ms, fastest.get(c.tokens, e.replay_ms))
+        timed = sorted(fastest.items())
         below = max((t for t in timed if t[0] <= tokens), default=timed[0])
         above = min((t for t in timed if t[0] >= tokens), default=timed[-1])
         gpu = below[1] if above[0] == below[0] else (
