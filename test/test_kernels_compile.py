@@ -178,3 +178,13 @@ def test_norm_and_gate_kernels_compile_for_h200(monkeypatch):
     ab = torch.zeros(40, 64, **bf16)[:, :32]
     gate.gdn_gate_triton(ab, ab, torch.zeros(32), torch.zeros(32, **bf16))
     assert _compiled(rec_norm, rec_gate) == [5, 1]
+
+
+def test_silu_mul_compiles_for_h200(monkeypatch):
+    """The gated MLP's fused product over the halves of one stacked projection."""
+    import flide_ext.kernels.silu_mul_triton as sm
+
+    rec = record(monkeypatch, sm, "_silu_mul_kernel")
+    gu = torch.zeros(40, 2 * 9216, dtype=torch.bfloat16)
+    sm.silu_mul_triton(gu[:, :9216], gu[:, 9216:])
+    assert _compiled(rec) == [1]

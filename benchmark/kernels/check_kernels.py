@@ -315,6 +315,14 @@ def check_norms_and_gates(gen):
     record("gdn_gate g, Triton (float32) vs reference (float64): max |difference| / (1e-6 + 2e-6 |g|)", worst, 1.0,
            worst <= 1.0 and beta_worst <= 2 ** -8, beta_max_difference=beta_worst,
            beta_differing=float((beta != beta_ref).double().mean()))
+    from flide_ext.kernels.silu_mul import silu_mul_ref
+    from flide_ext.kernels.silu_mul_triton import silu_mul_triton
+
+    gu = (4 * torch.randn(T, 2 * 9216, generator=gen, device=DEV)).to(bf16)
+    got, want = silu_mul_triton(gu[:, :9216], gu[:, 9216:]).float(), silu_mul_ref(gu[:, :9216], gu[:, 9216:]).float()
+    worst = float(((got - want).abs() / want.abs().clamp(min=2 ** -10)).max())
+    record(f"silu_mul [{T}, 9216] halves of one projection, Triton vs reference (bf16): max relative difference",
+           worst, 2 ** -7, worst <= 2 ** -7 and not got.isnan().any(), differing=float((got != want).double().mean()))
 
 
 def tiny_qwen35_config():

@@ -24,7 +24,7 @@ from ..kernels.causal_conv1d import causal_conv1d, causal_conv1d_tree
 from ..kernels.dispatch import use_triton
 from ..kernels.gdn_gate import gdn_gate
 from ..kernels.gated_delta_rule import gated_delta_rule_tree
-from .linear import Linear
+from .linear import Linear, StackedLinear
 from .norm import GatedRMSNorm
 
 
@@ -60,13 +60,18 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_z = Linear(H, self.value_dim, bias=False)
         self.in_proj_b = Linear(H, self.num_v_heads, bias=False)
         self.in_proj_a = Linear(H, self.num_v_heads, bias=False)
+        # q/k/v, b and a in one GEMM (the conv, the gate kernel read strided rows);
+        # z stays apart, as the gated norm reads it by head.
+        self.qkv_b_a = StackedLinear(self.in_proj_qkv, self.in_proj_b, self.in_proj_a)
 
     def project(self, x: torch.Tensor):
         """``x`` ``[T, H]`` -> conv input ``[T, conv_dim]`` (q, k, v channels in that
-        order), z ``[T, HV, Dv]``, b and a ``[T, HV]``."""
+        order), z ``[T, HV, Dv]``, b and a ``[T, HV]`` (the conv input, b and a are
+        column views of one projection)."""
         T = x.shape[0]
         z = self.in_proj_z(x).view(T, self.num_v_heads, self.head_v_dim)
-        return self.in_proj_qkv(x), z, self.in_proj_b(x), self.in_proj_a(x)
+        mixed, b, a = self.qkv_b_a(x)
+        return mixed, z, b, a
 
     def state_shapes(self):
         """Shapes of one pool slot: recurrent ``[HV, K, V]`` and conv window ``[C, W-1]``."""

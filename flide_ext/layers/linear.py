@@ -30,3 +30,61 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
+
+
+class StackedLinear:
+    """Several :class:`Linear` layers over one input as one GEMM: their weights
+    are stacked into one ``[sum(out), in]`` tensor and the layers' parameters
+    become views of it, so the checkpoint names, the loader and the memory stay
+    as they were. Small projections (a GDN layer's ``[T, 32]`` write strength and
+    decay) cost a whole GEMM launch each on their own.
+
+    Not a module (its layers keep their parameters). The stack is built on the
+    first call and again whenever a layer's parameter no longer lies in it
+    (``model.to(...)`` or a reassigned ``.data``), so it is always the layers'
+    current weights.
+
+    Args:
+        layers: Linear layers of one input width, all with or all without bias.
+
+    Raises:
+        ValueError: input widths differ, or some layers have a bias and some not.
+    """
+
+    def __init__(self, *layers: Linear):
+        if len({layer.in_features for layer in layers}) != 1:
+            raise ValueError("stacked linear layers must share their input width")
+        if len({layer.bias is None for layer in layers}) != 1:
+            raise ValueError("stacked linear layers must all have a bias or all have none")
+        self.layers = layers
+        self.sizes = [layer.out_features for layer in layers]
+        self._weight: torch.Tensor | None = None
+        self._bias: torch.Tensor | None = None
+
+    def _stacked(self, name: str, current: torch.Tensor | None) -> torch.Tensor | None:
+        params = [getattr(layer, name) for layer in self.layers]
+        if params[0] is None:
+            return None
+        if current is not None and current.device == params[0].device and current.dtype == params[0].dtype:
+            at, inside = 0, True
+            for p, n in zip(params, self.sizes):
+                inside &= p.data_ptr() == current[at:at + n].data_ptr() and p.shape == current[at:at + n].shape
+                at += n
+            if inside:
+                return current
+        # Built outside inference mode, so the parameters stay ordinary tensors
+        # that a later load may copy into.
+        with torch.inference_mode(False), torch.no_grad():
+            stacked = torch.cat([p.detach() for p in params])
+            at = 0
+            for p, n in zip(params, self.sizes):
+                p.data = stacked[at:at + n]
+                at += n
+        return stacked
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """``x`` ``[T, in]`` -> each layer's output ``[T, out_i]`` (column views of one
+        ``[T, sum(out)]`` result, in ``x.dtype``)."""
+        self._weight = self._stacked("weight", self._weight)
+        self._bias = self._stacked("bias", self._bias)
+        return list(torch.split(linear(x, self._weight, self._bias), self.sizes, dim=-1))
