@@ -51,7 +51,7 @@ def test_triton_matches_reference(dtype, T, I):
     assert got.shape == (T, I) and got.dtype == dtype and got.is_contiguous()
     # bf16: the interpreter truncates float32 to bf16 where the GPU rounds to
     # nearest even, twice here: two bf16 ulps (benchmark/kernels/check_kernels.py
-    # holds the GPU to one).
+    # holds the GPU to two, as for the norms).
     tol = dict(rtol=1e-6, atol=1e-30) if dtype == torch.float32 else dict(rtol=2 ** -6, atol=1e-30)
     torch.testing.assert_close(got.float(), want.float(), **tol)
 

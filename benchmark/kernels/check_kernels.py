@@ -322,7 +322,7 @@ def check_norms_and_gates(gen):
     got, want = silu_mul_triton(gu[:, :9216], gu[:, 9216:]).float(), silu_mul_ref(gu[:, :9216], gu[:, 9216:]).float()
     worst = float(((got - want).abs() / want.abs().clamp(min=2 ** -10)).max())
     record(f"silu_mul [{T}, 9216] halves of one projection, Triton vs reference (bf16): max relative difference",
-           worst, 2 ** -7, worst <= 2 ** -7 and not got.isnan().any(), differing=float((got != want).double().mean()))
+           worst, 2 ** -6, worst <= 2 ** -6 and not got.isnan().any(), differing=float((got != want).double().mean()))
 
 
 def tiny_qwen35_config():
