@@ -51,6 +51,41 @@ def kernel_table(prof, cuda: bool) -> list[dict]:
     return sorted(rows, key=lambda r: -r["total_us"])
 
 
+def wall_breakdown(engine, group, runs: int = 30) -> dict:
+    """p50 wall times (ms) of one request through the graph runner: the whole
+    ``run_round``; the host part before the replay (planning, slots, padding,
+    kernel tables and their copy, timed by wrapping the runner's ``run`` up to
+    the replay); the replay alone; and the rest (readout: the labels' gather and
+    copy back, answers)."""
+    import statistics
+    import time
+
+    runner = engine.graphs
+    marks: dict = {}
+    replay = torch.cuda.CUDAGraph.replay
+
+    def timed_replay(graph):
+        marks["replay_at"] = time.perf_counter()
+        replay(graph)
+        torch.cuda.synchronize()
+        marks["replayed_at"] = time.perf_counter()
+
+    rows = []
+    torch.cuda.CUDAGraph.replay = timed_replay
+    try:
+        for _ in range(runs):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            engine.run_round(group)
+            t1 = time.perf_counter()
+            rows.append((1e3 * (t1 - t0), 1e3 * (marks["replay_at"] - t0), runner.last_host_ms,
+                         1e3 * (marks["replayed_at"] - marks["replay_at"]), 1e3 * (t1 - marks["replayed_at"])))
+    finally:
+        torch.cuda.CUDAGraph.replay = replay
+    keys = ("request_ms", "host_ms", "tables_ms", "replay_ms", "readout_ms")
+    return {"runs": runs, **{k: statistics.median(r[i] for r in rows) for i, k in enumerate(keys)}}
+
+
 def op_table(prof) -> list[dict]:
     """Per PyTorch operator (eager runs on CUDA): calls and the device time of the
     kernels it launched itself, largest first."""
@@ -114,6 +149,11 @@ def main(argv=None) -> int:
           f"{sum(r['calls'] for r in rows)} calls, {total / 1e3:.2f} ms in all")
     for r in rows[: args.top]:
         print(f"{r['total_us'] / 1e3:9.3f} ms {r['calls']:6d}x  {r['kernel'][:100]}")
+    breakdown = wall_breakdown(engine, groups[1:2]) if cuda and graph is not None else None
+    if breakdown:
+        print("one request's wall time, p50 of {runs}: {request_ms:.2f} ms = plan, tables and copy "
+              "{host_ms:.2f} (of which padding, tables and one copy {tables_ms:.2f}) + graph replay "
+              "{replay_ms:.2f} + readout {readout_ms:.2f}".format(**breakdown))
     ops = op_table(prof) if cuda and graph is None else []
     if ops:
         print("by operator (eager):")
@@ -126,7 +166,7 @@ def main(argv=None) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps({"model": args.model, "workload": args.workload, "graphs": args.graphs,
                                               "stream_tokens": engine.last_round.stream_tokens, "kernels": rows,
-                                              "operators": ops}, indent=1))
+                                              "operators": ops, "wall_breakdown": breakdown}, indent=1))
     return 0
 
 

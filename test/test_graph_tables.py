@@ -130,6 +130,20 @@ def test_tree_conv_equals_level_conv_and_triton():
     torch.testing.assert_close(fast, got, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(pools[2], pools[0], rtol=0, atol=0)
     assert bool((fast[T:] == 0).all())  # padding rows
+    # Other tile shapes (the sweep's) and a strided input (the q/k/v columns of a
+    # stacked projection): the same taps in the same order, the same outputs.
+    import flide_ext.kernels.causal_conv1d_triton as cct
+
+    wide = torch.cat([x, torch.randn(T + 3, 7, generator=gen)], dim=1)[:, :C]
+    for cfg in [(16, 32, 4), (8, 64, 2)]:
+        monkey = cct.TREE_CONFIG
+        cct.TREE_CONFIG = cfg
+        try:
+            other = causal_conv1d_tree_triton(wide, weight, bias, pool.clone(), *(t.int() for t in (
+                token_segment, seg_start, seg_len, history, history_slot, final)))
+        finally:
+            cct.TREE_CONFIG = monkey
+        assert torch.equal(other, fast)
 
 
 def _logprobs(model, plan, pool):

@@ -10,6 +10,10 @@ the data behind ``fork_attention_triton.TILE_OVERRIDE``'s defaults and
 * The own inter-chunk kernel against fla's on the same WY factors.
 * The inter-chunk kernel's (BLOCK_V, warps, stages), timed as the whole-tree GDN pass (GPU kernel time) beside fla's chunk kernel
   on the same tokens, with a per-kernel profile of both.
+* The whole-tree causal conv's (BLOCK_T, BLOCK_C, warps) at Qwen3.5-4B's 8,192
+  channels, its input the q/k/v columns of the stacked projection, on a single
+  RACE question's and eight MultiRC requests' graph tables; each setting's output
+  is compared with the default's (the same taps in the same order: bitwise).
 
 Usage::
 
@@ -48,6 +52,8 @@ STATES_CONFIGS = [(32, 4, 3), (32, 2, 2), (32, 4, 2), (64, 2, 2), (64, 2, 3), (6
                   (64, 4, 4), (64, 8, 2), (64, 8, 3), (128, 4, 2), (128, 8, 2), (128, 8, 3)]
 # Settings timed as the whole tree pass.
 TREE_STATES_CONFIGS = [(32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 8, 2)]
+CONV_CONFIGS = [(32, 128, 4), (16, 256, 4), (32, 256, 4), (64, 128, 4), (64, 256, 8), (16, 512, 4), (32, 512, 8),
+                (8, 1024, 4), (16, 1024, 8), (64, 64, 4), (128, 64, 4)]
 
 
 def bench(fn) -> float:
@@ -202,10 +208,45 @@ def states_vs_fla(rows):
         gdt.STATES_CONFIG = default
 
 
+def sweep_conv(rows):
+    import flide_ext.kernels.causal_conv1d_triton as cct
+    from flide_ext.runtime.graph_runner import GraphCapacity, TableSpec
+    from flide_ext.runtime.round_buffers import device_round
+
+    C, stacked = 8192, 8256  # q/k/v channels of the qkv + b + a projection
+    default = cct.TREE_CONFIG
+    for name, requests, capacity in (("race_single", 1, GraphCapacity(512, 4, 2)),
+                                     ("multirc", 8, GraphCapacity(9024, 282))):
+        owners, prompts = workload_prompts(name, requests)
+        plan = plan_round(owners, prompts, "cpu")
+        plan.assign_slots([-1] * plan.num_segments)
+        t = device_round(plan, TableSpec(4, 64), "cuda", capacity.tables, capacity.segments).tables
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        x = torch.randn(capacity.tokens, stacked, generator=gen, device="cuda").to(torch.bfloat16)[:, :C]
+        w = torch.randn(C, 4, generator=gen, device="cuda").to(torch.bfloat16)
+        pool = torch.zeros(1, C, 3, dtype=torch.bfloat16, device="cuda")
+
+        def run():
+            return cct.causal_conv1d_tree_triton(x, w, None, pool, t.token_segment, t.seg_start, t.seg_len,
+                                                 t.conv_history, t.history_slot, t.final_slot)
+
+        want = run()
+        for cfg in CONV_CONFIGS:
+            cct.TREE_CONFIG = cfg
+            try:
+                same = bool(torch.equal(run(), want))
+                d = device_ms(run)
+            finally:
+                cct.TREE_CONFIG = default
+            rows.append({"kernel": "conv_tree", "workload": name, "tokens": capacity.tokens, "config": cfg,
+                         "device_ms": d, "equal_to_default": same})
+            print(f"conv {name:11s} T={capacity.tokens} {cfg}: {1e3 * d:.1f} us, equal {same}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="sweep.json")
-    parser.add_argument("--only", nargs="*", choices=["recurrent", "attention", "states", "states_vs_fla"],
+    parser.add_argument("--only", nargs="*", choices=["recurrent", "attention", "states", "states_vs_fla", "conv"],
                         help="run only these sweeps")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -213,7 +254,7 @@ def main() -> int:
         return 2
     rows: list = []
     steps = {"recurrent": sweep_recurrent, "attention": sweep_attention, "states": sweep_states,
-             "states_vs_fla": states_vs_fla}
+             "states_vs_fla": states_vs_fla, "conv": sweep_conv}
     for key, step in steps.items():
         if args.only and key not in args.only:
             continue

@@ -20,6 +20,9 @@ from .round_cache import round_cache
 
 # Rows and channels of one program's tile.
 BLOCK_T, BLOCK_C = 32, 128
+# The whole-tree kernel's (rows, channels, warps) per program
+# (benchmark/kernels/sweep_kernels.py --only conv).
+TREE_CONFIG = (32, 128, 4)
 
 
 @triton.jit
@@ -257,10 +260,11 @@ def causal_conv1d_tree_triton(
     tables = [t if t.is_contiguous() else t.contiguous() for t in (token_segment, seg_start, seg_len, history, history_slot)]
     weight = weight.contiguous()
     meta = dict(WIDTH=W, BLOCK_W=triton.next_power_of_2(W), BLOCK_C=BLOCK_C)
-    _causal_conv1d_tree_kernel[(triton.cdiv(T, BLOCK_T), triton.cdiv(C, BLOCK_C))](
+    block_t, block_c, warps = TREE_CONFIG
+    _causal_conv1d_tree_kernel[(triton.cdiv(T, block_t), triton.cdiv(C, block_c))](
         x, weight, bias.contiguous() if bias is not None else weight, conv_pool, out, *tables,
-        T, C, x.stride(0), out.stride(0), BLOCK_T=BLOCK_T,
-        HAS_BIAS=bias is not None, SILU=activation == "silu", **meta,
+        T, C, x.stride(0), out.stride(0), BLOCK_T=block_t, HAS_BIAS=bias is not None, SILU=activation == "silu",
+        WIDTH=W, BLOCK_W=triton.next_power_of_2(W), BLOCK_C=block_c, num_warps=warps,
     )
     if W > 1 and seg_start.numel():
         _final_window_kernel[(seg_start.numel(), triton.cdiv(C, BLOCK_C))](
