@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -157,41 +158,64 @@ def _tile_config(D: int, dtype: torch.dtype, group: int) -> tuple[int, int, int,
 def path_tables(seg_parent: torch.Tensor, seg_kv_start: torch.Tensor, seg_kv_len: torch.Tensor, depth: int = MAX_DEPTH):
     """Each segment's root-to-leaf path as tables ``[S, depth]`` (int32): key start
     row, path offset and key count of each path segment (count 0 past the leaf),
-    and ``[S]`` the path offset of the segment's own first key.
+    and ``[S]`` the path offset of the segment's own first key. Computed on the
+    host (a few small array operations; as torch operations each would cost a
+    launch or a dispatch); returned on the inputs' device.
 
     Raises:
         ValueError: a path is deeper than ``depth`` segments.
     """
-    S = seg_parent.numel()
-    device = seg_parent.device
-    chain = [torch.arange(S, device=device)]
-    for _ in range(depth):
-        cur = chain[-1]
-        chain.append(torch.where(cur >= 0, seg_parent[cur.clamp(min=0)], cur))
-    if S and bool((chain[-1] >= 0).any()):
+    arrays = path_arrays(_host(seg_parent), _host(seg_kv_start), _host(seg_kv_len), depth)
+    return tuple(torch.from_numpy(a).to(seg_parent.device) for a in arrays)
+
+
+def _host(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy().astype(np.int64, copy=False)
+
+
+def path_arrays(parent: np.ndarray, kv_start: np.ndarray, kv_len: np.ndarray, depth: int = MAX_DEPTH):
+    """:func:`path_tables` on int64 host arrays; returns int32 arrays ``(kv, offset, count, own)``."""
+    S = parent.size
+    chain = np.full((S, depth + 1), -1, dtype=np.int64)  # chain[:, i]: the i-th segment up from the leaf
+    chain[:, 0] = np.arange(S)
+    for i in range(depth):
+        cur = chain[:, i]
+        up = cur >= 0
+        if not up.any():
+            break
+        chain[up, i + 1] = parent[cur[up]]
+    if S and bool((chain[:, depth] >= 0).any()):
         raise ValueError(f"ForkAttention handles segment paths of at most {depth} segments")
-    leaf_first = torch.stack(chain[:depth], dim=1)  # [S, depth], -1 past the root
-    length = (leaf_first >= 0).sum(1, keepdim=True)
-    level = torch.arange(depth, device=device)[None, :]
-    pick = (length - 1 - level).clamp(min=0)
-    root_first = torch.where(level < length, leaf_first.gather(1, pick), -1)
+    leaf_first = chain[:, :depth]  # -1 past the root
+    length = (leaf_first >= 0).sum(1, keepdims=True)
+    level = np.arange(depth)[None, :]
+    pick = np.maximum(length - 1 - level, 0)
+    root_first = np.where(level < length, np.take_along_axis(leaf_first, pick, 1), -1)
     valid = root_first >= 0
-    idx = root_first.clamp(min=0)
-    kv = torch.where(valid, seg_kv_start[idx], 0)
-    count = torch.where(valid, seg_kv_len[idx], 0)
-    offset = torch.cumsum(count, dim=1) - count
-    own = offset.gather(1, (length - 1).clamp(min=0))[:, 0]
-    return kv.int().contiguous(), offset.int().contiguous(), count.int().contiguous(), own.int().contiguous()
+    idx = np.maximum(root_first, 0)
+    kv = np.where(valid, kv_start[idx], 0) if S else np.zeros((0, depth), np.int64)
+    count = np.where(valid, kv_len[idx], 0) if S else np.zeros((0, depth), np.int64)
+    offset = np.cumsum(count, axis=1) - count
+    own = np.take_along_axis(offset, np.maximum(length - 1, 0), 1)[:, 0]
+    return tuple(np.ascontiguousarray(a, dtype=np.int32) for a in (kv, offset, count, own))
+
+
+def block_arrays(seg_len: np.ndarray, block_m: int):
+    """ForkAttention's query blocks on the host: ``(block_seg, block_row)`` int32,
+    every ``block_m`` rows of each segment (an empty segment has none)."""
+    blocks = (seg_len + block_m - 1) // block_m
+    block_seg = np.repeat(np.arange(seg_len.size), blocks)
+    first_block = np.cumsum(blocks) - blocks
+    block_row = (np.arange(block_seg.size) - first_block[block_seg]) * block_m
+    return block_seg.astype(np.int32), block_row.astype(np.int32)
 
 
 def _build_metadata(seg_parent, seg_start, seg_len, seg_kv_start, seg_kv_len, block_m):
+    device = seg_len.device
     path_kv, path_offset, path_len, own = path_tables(seg_parent, seg_kv_start, seg_kv_len)
-    blocks = (seg_len + block_m - 1) // block_m
-    total = int(blocks.sum())
-    block_seg = torch.repeat_interleave(torch.arange(seg_len.numel(), device=seg_len.device), blocks, output_size=total)
-    first_block = torch.cumsum(blocks, 0) - blocks
-    block_row = (torch.arange(total, device=seg_len.device) - first_block[block_seg]) * block_m
-    return total, block_seg.int(), block_row.int(), seg_start.int(), seg_len.int(), own, path_kv, path_offset, path_len
+    block_seg, block_row = (torch.from_numpy(a).to(device) for a in block_arrays(_host(seg_len), block_m))
+    return (block_seg.numel(), block_seg, block_row, seg_start.int(), seg_len.int(), own, path_kv, path_offset,
+            path_len)
 
 
 def fork_attention_triton(

@@ -166,7 +166,7 @@ def build_tables(plan, capacity: Optional[TableCapacity], conv_width: int, token
     Raises:
         ValueError: the round does not fit ``capacity``.
     """
-    from .fork_attention_triton import _build_metadata
+    from .fork_attention_triton import block_arrays, path_arrays
 
     T, S_all, L = plan.num_tokens, int(plan.seg_start.numel()), plan.num_levels
     S = plan.num_segments
@@ -175,65 +175,71 @@ def build_tables(plan, capacity: Optional[TableCapacity], conv_width: int, token
     if T > capacity.tokens or S_all > capacity.segments or L > capacity.levels:
         raise ValueError(f"a round of {T} tokens, {S_all} segments and {L} levels does not fit {capacity}")
     S1, pad = capacity.segments + 1, capacity.segments
-    n_pad = S1 - S_all
+    # Host arrays throughout: a round's tables are a few dozen small array
+    # operations, each a microsecond in numpy against several as a torch op.
 
-    def padded(t, fill, n=n_pad):
-        return torch.cat([t.long(), torch.full((n,), fill, dtype=torch.long)])
+    def padded(t, fill, size=S1):
+        out = np.full(size, fill, dtype=np.int64)
+        out[:t.numel()] = t.numpy()
+        return out
 
     seg_start = padded(plan.seg_start, T)
     seg_len = padded(plan.seg_len, 0)
-    parent = padded(plan.seg_parent, -1)
-    kv_start = padded(plan.seg_kv_start, 0)
-    kv_len = padded(plan.seg_kv_len, 0)
-    num_blocks, block_seg, block_row, starts, lens, own, path_kv, path_offset, path_len = _build_metadata(
-        parent, seg_start, seg_len, kv_start, kv_len, tokens_per_block)
+    path_kv, path_offset, path_len, own = path_arrays(padded(plan.seg_parent, -1), padded(plan.seg_kv_start, 0),
+                                                      padded(plan.seg_kv_len, 0))
+    block_seg, block_row = block_arrays(seg_len, tokens_per_block)
     NB = capacity.blocks(tokens_per_block)
-    block_seg = torch.cat([block_seg, torch.full((NB - num_blocks,), pad, dtype=torch.int32)])
-    block_row = torch.cat([block_row, torch.zeros(NB - num_blocks, dtype=torch.int32)])
-    attention = (NB, block_seg, block_row, starts, lens, own, path_kv, path_offset, path_len)
+    block_seg = np.concatenate([block_seg, np.full(NB - block_seg.size, pad, dtype=np.int32)])
+    block_row = np.concatenate([block_row, np.zeros(NB - block_row.size, dtype=np.int32)])
 
-    token_segment = torch.cat([plan.token_segment.int(), torch.full((capacity.tokens - T,), pad, dtype=torch.int32)])
+    token_segment = np.full(capacity.tokens, pad, dtype=np.int32)
+    token_segment[:T] = plan.token_segment.numpy()
     W1 = max(conv_width - 1, 0)
-    history = torch.full((S1, W1), -1, dtype=torch.long)
-    history_slot = torch.full((S1,), -1, dtype=torch.long)
+    history = np.full((S1, W1), -1, dtype=np.int64)
+    history_slot = np.full(S1, -1, dtype=np.int64)
     tree_parent = [seg.parent for seg in plan.tree.segments]
     requests = [seg.request for seg in plan.tree.segments]
-    resumed = set(plan.resume)
-    history[:S] = torch.from_numpy(conv_history(tree_parent, plan.seg_start[:S].numpy(), plan.seg_len[:S].numpy(),
-                                                requests, resumed, conv_width))
+    history[:S] = conv_history(tree_parent, seg_start[:S], seg_len[:S], requests, set(plan.resume), conv_width)
     for s in range(S) if plan.resume else ():  # only checkpoints lend windows
         r = requests[plan.tree.path(s)[0]]
         if r in plan.resume:
             history_slot[s] = plan.resume[r].slot
-    initial = torch.full((S1,), -1, dtype=torch.long)
-    final = torch.full((S1,), -1, dtype=torch.long)
+    initial = np.full(S1, -1, dtype=np.int64)
+    final = np.full(S1, -1, dtype=np.int64)
     if plan.seg_slot is not None:
-        initial[:S], final[:S] = plan.seg_initial_slot, plan.seg_slot
+        initial[:S], final[:S] = plan.seg_initial_slot.numpy(), plan.seg_slot.numpy()
 
     chunks = (seg_len + CHUNK - 1) // CHUNK
-    chunk_offsets = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(chunks, 0)])
+    chunk_offsets = np.concatenate([[0], np.cumsum(chunks)])
     NT_real = int(chunk_offsets[-1])
-    NT = capacity.chunks
-    seq = torch.repeat_interleave(torch.arange(S1), chunks)
-    within = torch.arange(NT_real) - chunk_offsets[seq]
-    chunk_indices = torch.cat([torch.stack([seq, within], 1),
-                               torch.tensor([[pad, 0]], dtype=torch.long).expand(NT - NT_real, 2)])
-    cu_seqlens = torch.cat([seg_start, torch.tensor([T], dtype=torch.long)])
+    chunk_indices = np.empty((capacity.chunks, 2), dtype=np.int64)
+    seq = np.repeat(np.arange(S1), chunks)
+    chunk_indices[:NT_real, 0] = seq
+    chunk_indices[:NT_real, 1] = np.arange(NT_real) - chunk_offsets[seq]
+    chunk_indices[NT_real:] = (pad, 0)
+    cu_seqlens = np.concatenate([seg_start, [T]])
 
-    level_range = torch.zeros(capacity.levels, 2, dtype=torch.long)
+    level_range = np.zeros((capacity.levels, 2), dtype=np.int64)
     widest = 1
     for d, members in enumerate(plan.levels):
         first, last = int(members.min()), int(members.max()) + 1
         if last - first != members.numel():
             raise ValueError("a tree level's segments must be consecutive in the segment table")
-        level_range[d] = torch.tensor([first, last])
+        level_range[d] = (first, last)
         widest = max(widest, last - first)
-    row_valid = torch.zeros(capacity.tokens, dtype=torch.bool)
+    row_valid = np.zeros(capacity.tokens, dtype=bool)
     row_valid[:T] = True
+
+    def i32(a):
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))
+
+    attention = (NB, i32(block_seg), i32(block_row), i32(seg_start), i32(seg_len), i32(own), i32(path_kv),
+                 i32(path_offset), i32(path_len))
     return dict(
-        attention=attention, token_segment=token_segment, seg_start=seg_start.int(), seg_len=seg_len.int(),
-        conv_history=history.int(), history_slot=history_slot.int(), initial_slot=initial.int(),
-        final_slot=final.int(), cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
-        chunk_offsets=chunk_offsets.int(), level_range=level_range.int(), num_levels=capacity.levels,
-        level_programs=level_programs or widest, row_valid=row_valid, padding_segment=pad,
+        attention=attention, token_segment=i32(token_segment), seg_start=i32(seg_start), seg_len=i32(seg_len),
+        conv_history=i32(history), history_slot=i32(history_slot), initial_slot=i32(initial),
+        final_slot=i32(final), cu_seqlens=torch.from_numpy(cu_seqlens.astype(np.int64)),
+        chunk_indices=torch.from_numpy(chunk_indices), chunk_offsets=i32(chunk_offsets),
+        level_range=i32(level_range), num_levels=capacity.levels,
+        level_programs=level_programs or widest, row_valid=torch.from_numpy(row_valid), padding_segment=pad,
     )

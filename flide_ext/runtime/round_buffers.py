@@ -103,6 +103,7 @@ class RoundBuffers:
         self._layout = None
         self._host = self._device = None
         self._views: dict = {}
+        self._host_views: dict = {}
 
     def write(self, plan: FlatPlan, tables: Optional[dict] = None, with_levels: bool = True) -> FlatPlan:
         """Copy ``plan`` (host tensors) and ``tables`` (:func:`~flide_ext.kernels.tables.build_tables`
@@ -119,15 +120,19 @@ class RoundBuffers:
             pin = self.device.type == "cuda"
             self._host = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
             self._device = torch.empty(size, dtype=torch.uint8, device=self.device)
+            host = self._host.numpy()
             for name, offset, dtype, shape in layout:
                 n = torch.Size(shape).numel() * dtype.itemsize
                 self._views[name] = self._device[offset:offset + n].view(dtype).view(shape)
+                # numpy views of the pinned buffer: a round's few dozen small
+                # copies cost a microsecond each instead of a torch dispatch.
+                np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+                self._host_views[name] = host[offset:offset + n].view(np_dtype).reshape(shape) if n else None
         elif layout != self._layout:
             raise ValueError("a round's tensors do not match the buffers' layout")
-        for name, offset, dtype, shape in layout:
-            t = named[name]
-            n = t.numel() * t.element_size()
-            self._host[offset:offset + n].view(dtype).view(shape).copy_(t)
+        for name, view in self._host_views.items():
+            if view is not None:
+                view[...] = named[name].numpy()
         if self.device.type == "cpu":
             self._device.copy_(self._host)
         else:
