@@ -144,6 +144,29 @@ def test_tree_conv_equals_level_conv_and_triton():
         finally:
             cct.TREE_CONFIG = monkey
         assert torch.equal(other, fast)
+    # Split outputs: the reference's are the columns, contiguous; the kernel stores
+    # them so itself when the groups fall on its tile (16 channels here), and
+    # copies them otherwise.
+    tabs = [t.int() for t in (token_segment, seg_start, seg_len, history, history_slot, final)]
+    for split in ([16, 16, 8], [8, 32], [40], [13, 20, 7]):
+        want_parts = causal_conv1d_tree_ref(x, weight, bias, pool.clone(), token_segment, seg_start, seg_len, history,
+                                            history_slot, final, split=split)
+        assert [p.shape[1] for p in want_parts] == split and all(p.is_contiguous() for p in want_parts)
+        assert torch.equal(torch.cat(want_parts, 1), got)
+        monkey = cct.TREE_CONFIG
+        cct.TREE_CONFIG = (16, 16, 4)
+        try:
+            parts = causal_conv1d_tree_triton(wide, weight, bias, pool.clone(), *tabs, split=split)
+        finally:
+            cct.TREE_CONFIG = monkey
+        assert [p.shape for p in parts] == [p.shape for p in want_parts] and all(p.is_contiguous() for p in parts)
+        assert torch.equal(torch.cat(parts, 1), fast)
+    for bad in ([40, 1], [20, 10, 5, 5], [0, 40], [41]):
+        with pytest.raises(ValueError, match="split"):
+            causal_conv1d_tree_ref(x, weight, bias, pool.clone(), token_segment, seg_start, seg_len, history,
+                                   history_slot, final, split=bad)
+        with pytest.raises(ValueError, match="split"):
+            causal_conv1d_tree_triton(x, weight, bias, pool.clone(), *tabs, split=bad)
 
 
 def _logprobs(model, plan, pool):

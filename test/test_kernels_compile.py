@@ -143,11 +143,13 @@ def test_table_driven_kernels_compile_for_h200(monkeypatch):
     C = 2 * H * K + HV * V
     rec_conv = record(monkeypatch, conv, "_causal_conv1d_tree_kernel")
     rec_window = record(monkeypatch, conv, "_final_window_kernel")
-    x = torch.zeros(T, C, dtype=torch.bfloat16)
+    x = torch.zeros(T, C + 2 * HV, dtype=torch.bfloat16)[:, :C]  # the q/k/v columns of the stacked projection
     pool = torch.zeros(plan.num_segments, C, 3, dtype=torch.bfloat16)
-    conv.causal_conv1d_tree_triton(x, torch.zeros(C, 4, dtype=torch.bfloat16), None, pool, tables.token_segment,
-                                   tables.seg_start, tables.seg_len, tables.conv_history, tables.history_slot,
-                                   tables.final_slot)
+    q, k, v = conv.causal_conv1d_tree_triton(x, torch.zeros(C, 4, dtype=torch.bfloat16), None, pool,
+                                             tables.token_segment, tables.seg_start, tables.seg_len,
+                                             tables.conv_history, tables.history_slot, tables.final_slot,
+                                             split=[H * K, H * K, HV * V])
+    assert q.is_contiguous() and v.shape == (T, HV * V)
     rec_states = record(monkeypatch, gdt, "_chunk_states_kernel")
     k = torch.zeros(T, H, K, dtype=torch.bfloat16)
     w = torch.zeros(T, HV, K, dtype=torch.bfloat16)

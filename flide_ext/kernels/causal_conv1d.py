@@ -9,7 +9,7 @@ are kept in ``conv_pool[slot]`` as ``[C, W-1]``, oldest first.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -91,7 +91,8 @@ def causal_conv1d_tree_ref(
     history_slot: torch.Tensor,
     final_slot: torch.Tensor,
     activation: Optional[str] = "silu",
-) -> torch.Tensor:
+    split: Optional[Sequence[int]] = None,
+):
     """A whole prefix tree at once: each segment's first outputs read the inputs
     before it on its path from the stream itself (its history rows), so no level
     waits for another. Plain PyTorch reference, segment by segment.
@@ -111,14 +112,19 @@ def causal_conv1d_tree_ref(
         history_slot: ``[S]`` the checkpoint slot those entries read (-1: none).
         final_slot: ``[S]`` slot receiving the window after the segment's last
             row (-1: skip).
+        split: up to three channel counts summing to ``C`` (a GDN layer's q, k
+            and v): the outputs as that many contiguous tensors instead of one.
 
     Returns:
-        ``[T, C]`` outputs (zeros on rows of no segment).
+        ``[T, C]`` outputs (zeros on rows of no segment), or with ``split`` a
+        tuple of ``[T, split[i]]`` contiguous tensors.
 
     Raises:
-        ValueError: an unsupported activation.
+        ValueError: an unsupported activation; a ``split`` of more than three
+            groups, or not summing to ``C``.
     """
     C = x.shape[1]
+    check_split(split, C)
     out = torch.zeros_like(x)
     w = weight.unsqueeze(1)
     rows = zip(seg_start.tolist(), seg_len.tolist(), history.tolist(), history_slot.tolist(), final_slot.tolist())
@@ -127,7 +133,18 @@ def causal_conv1d_tree_ref(
                   for e in hist]
         window = torch.stack(before, dim=1) if before else x.new_zeros(C, 0)
         _segment(x, w, bias, activation, window, start, n, conv_pool, last, out)
+    if split is not None:
+        return tuple(part.contiguous() for part in out.split(list(split), dim=1))
     return out
+
+
+def check_split(split: Optional[Sequence[int]], C: int) -> None:
+    """Raises ValueError unless ``split`` is None or one to three positive channel
+    counts summing to ``C``."""
+    if split is None:
+        return
+    if not 1 <= len(split) <= 3 or any(int(n) != n or n < 1 for n in split) or sum(split) != C:
+        raise ValueError(f"split {list(split)} must be one to three positive channel counts summing to {C}")
 
 
 def causal_conv1d_tree(*args, **kwargs) -> torch.Tensor:

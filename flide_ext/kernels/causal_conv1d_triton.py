@@ -9,13 +9,15 @@ pool, so no per-question copy of the window is made.
 
 from __future__ import annotations
 
-from typing import Optional
+import itertools
+from typing import Optional, Sequence
 
 import torch
 import triton
 import triton.language as tl
 
 from .arguments import check_written
+from .causal_conv1d import check_split
 from .round_cache import round_cache
 
 # Rows and channels of one program's tile.
@@ -166,13 +168,15 @@ def _history_value(X, POOL, HISTORY, seg, slot, h, c, use, c_ok, stride_x, C, HI
 @triton.jit
 def _causal_conv1d_tree_kernel(
     X, WEIGHT, BIAS, POOL, OUT, TOKEN_SEG, SEG_START, SEG_LEN, HISTORY, HISTORY_SLOT,
-    T, C, stride_x, stride_out,
+    T, C, stride_x, stride_out, B1, B2,
     WIDTH: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
-    HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SILU: tl.constexpr, SPLIT: tl.constexpr,
 ):
     # One program per BLOCK_T consecutive stream rows (of any segments) and
     # BLOCK_C channels: a row's taps before its segment read the segment's
-    # history rows, so the whole tree is one launch.
+    # history rows, so the whole tree is one launch. With SPLIT the channel
+    # groups [0, B1), [B1, B2), [B2, C) are stored as three contiguous [T, width]
+    # tensors one after another (a block never straddles two).
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = c < C
@@ -199,8 +203,14 @@ def _causal_conv1d_tree_kernel(
         acc += (xv + hv) * w_tap[None, :]
     acc = _bias_activation(acc, BIAS, c, c_ok, HAS_BIAS, SILU)
     acc = tl.where(inside[:, None], acc, 0.0)
-    tl.store(OUT + rows.to(tl.int64)[:, None] * stride_out + c[None, :], acc.to(OUT.dtype.element_ty),
-             mask=r_ok[:, None] & c_ok[None, :])
+    if SPLIT:
+        c0 = tl.program_id(1) * BLOCK_C
+        first = tl.where(c0 >= B2, B2, tl.where(c0 >= B1, B1, 0))
+        width = tl.where(c0 >= B2, C - B2, tl.where(c0 >= B1, B2 - B1, B1))
+        dest = OUT + first.to(tl.int64) * T + rows.to(tl.int64)[:, None] * width + (c - first)[None, :]
+    else:
+        dest = OUT + rows.to(tl.int64)[:, None] * stride_out + c[None, :]
+    tl.store(dest, acc.to(OUT.dtype.element_ty), mask=r_ok[:, None] & c_ok[None, :])
 
 
 @triton.jit
@@ -241,33 +251,49 @@ def causal_conv1d_tree_triton(
     history_slot: torch.Tensor,
     final_slot: torch.Tensor,
     activation: Optional[str] = "silu",
-) -> torch.Tensor:
+    split: Optional[Sequence[int]] = None,
+):
     """Triton causal conv1d over a whole prefix tree in one launch (plus one
     small launch writing the final windows of kept segments); arguments, shapes
     and result as :func:`flide_ext.kernels.causal_conv1d.causal_conv1d_tree_ref`.
     Tables are read as given (int32 from :mod:`.tables` avoids conversions).
     The grid depends only on ``T``, ``C`` and ``S``, so the launch replays in a
-    CUDA graph for any round of the same table shapes.
+    CUDA graph for any round of the same table shapes. With ``split`` the kernel
+    stores each channel group contiguously itself (no copies) when every group
+    boundary is a multiple of the tile's channels, else the groups are copied.
 
     Raises:
-        ValueError: an unsupported activation; ``conv_pool`` not contiguous.
+        ValueError: an unsupported activation; ``conv_pool`` not contiguous; a
+            bad ``split``.
     """
     x, T, C, W = _inputs(x, weight, activation)
     check_written(conv_pool=conv_pool)
-    out = torch.empty_like(x)
-    if T == 0:
-        return out
-    tables = [t if t.is_contiguous() else t.contiguous() for t in (token_segment, seg_start, seg_len, history, history_slot)]
-    weight = weight.contiguous()
-    meta = dict(WIDTH=W, BLOCK_W=triton.next_power_of_2(W), BLOCK_C=BLOCK_C)
+    check_split(split, C)
     block_t, block_c, warps = TREE_CONFIG
-    _causal_conv1d_tree_kernel[(triton.cdiv(T, block_t), triton.cdiv(C, block_c))](
-        x, weight, bias.contiguous() if bias is not None else weight, conv_pool, out, *tables,
-        T, C, x.stride(0), out.stride(0), BLOCK_T=block_t, HAS_BIAS=bias is not None, SILU=activation == "silu",
-        WIDTH=W, BLOCK_W=triton.next_power_of_2(W), BLOCK_C=block_c, num_warps=warps,
-    )
-    if W > 1 and seg_start.numel():
-        _final_window_kernel[(seg_start.numel(), triton.cdiv(C, BLOCK_C))](
-            x, conv_pool, tables[1], tables[2], tables[3], tables[4], final_slot.contiguous(), C, x.stride(0), **meta,
+    bounds = list(itertools.accumulate(split or [C]))[:-1]
+    in_place = split is not None and all(b % block_c == 0 for b in bounds)
+    bounds = (bounds + [C, C])[:2]
+    buffer = torch.empty(T * C, dtype=x.dtype, device=x.device)
+    out = buffer.view(T, C)
+    if T > 0:
+        tables = [t if t.is_contiguous() else t.contiguous()
+                  for t in (token_segment, seg_start, seg_len, history, history_slot)]
+        weight = weight.contiguous()
+        meta = dict(WIDTH=W, BLOCK_W=triton.next_power_of_2(W), BLOCK_C=BLOCK_C)
+        _causal_conv1d_tree_kernel[(triton.cdiv(T, block_t), triton.cdiv(C, block_c))](
+            x, weight, bias.contiguous() if bias is not None else weight, conv_pool, buffer, *tables,
+            T, C, x.stride(0), C, bounds[0], bounds[1], BLOCK_T=block_t, HAS_BIAS=bias is not None,
+            SILU=activation == "silu", SPLIT=in_place,
+            WIDTH=W, BLOCK_W=triton.next_power_of_2(W), BLOCK_C=block_c, num_warps=warps,
         )
-    return out
+        if W > 1 and seg_start.numel():
+            _final_window_kernel[(seg_start.numel(), triton.cdiv(C, BLOCK_C))](
+                x, conv_pool, tables[1], tables[2], tables[3], tables[4], final_slot.contiguous(), C, x.stride(0),
+                **meta,
+            )
+    if split is None:
+        return out
+    if in_place:
+        starts = [0] + list(itertools.accumulate(split))
+        return tuple(buffer[T * a:T * b].view(T, b - a) for a, b in zip(starts, starts[1:]))
+    return tuple(part.contiguous() for part in out.split(list(split), dim=1))

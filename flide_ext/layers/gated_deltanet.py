@@ -86,17 +86,20 @@ class GatedDeltaNet(nn.Module):
         conv_pool, state_pool = pool.conv[self.index], pool.recurrent[self.index]
 
         tables = plan.tables
+        split = [self.key_dim, self.key_dim, self.value_dim]
         if tables is not None:
             # The whole tree at once: a segment's first taps read its history rows.
-            conv_out = causal_conv1d_tree(mixed, weight, None, conv_pool, tables.token_segment, tables.seg_start,
-                                          tables.seg_len, tables.conv_history, tables.history_slot, tables.final_slot)
+            # q, k and v come out contiguous, as the chunk kernels read them.
+            q, k, v = causal_conv1d_tree(mixed, weight, None, conv_pool, tables.token_segment, tables.seg_start,
+                                         tables.seg_len, tables.conv_history, tables.history_slot,
+                                         tables.final_slot, split=split)
         else:
             # Each level writes its own rows; a level's segments read the slots the
             # level before wrote.
-            conv_out = torch.empty_like(mixed)
+            conv_out = torch.empty(mixed.shape, dtype=mixed.dtype, device=mixed.device)
             for level in plan.level_tables():
                 causal_conv1d(mixed, weight, None, conv_pool, *level, activation="silu", out=conv_out)
-        q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+            q, k, v = torch.split(conv_out, split, dim=-1)
         q = q.reshape(T, self.num_k_heads, self.head_k_dim)
         k = k.reshape(T, self.num_k_heads, self.head_k_dim)
         v = v.reshape(T, self.num_v_heads, self.head_v_dim)
