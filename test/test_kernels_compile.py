@@ -190,3 +190,17 @@ def test_silu_mul_compiles_for_h200(monkeypatch):
     gu = torch.zeros(40, 2 * 9216, dtype=torch.bfloat16)
     sm.silu_mul_triton(gu[:, :9216], gu[:, 9216:])
     assert _compiled(rec) == [1]
+
+
+def test_rotary_compiles_for_h200(monkeypatch):
+    """Qwen3.5's partial rotary (64 of 256 features, q as a head split of the gated
+    q_proj) and a full rotary of 128-feature heads."""
+    import flide_ext.kernels.rotary_triton as rt
+
+    rec = record(monkeypatch, rt, "_rotary_kernel")
+    bf16 = dict(dtype=torch.bfloat16)
+    q = torch.zeros(40, 16, 512, **bf16)[..., :256]
+    rt.rotary_triton(q, torch.zeros(40, 64, **bf16), torch.zeros(40, 64, **bf16))
+    rt.rotary_triton(torch.zeros(40, 8, 128, **bf16), torch.zeros(40, 128, **bf16), torch.zeros(40, 128, **bf16))
+    assert _compiled(rec) == [2]
+

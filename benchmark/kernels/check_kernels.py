@@ -323,6 +323,20 @@ def check_norms_and_gates(gen):
     worst = float(((got - want).abs() / want.abs().clamp(min=2 ** -10)).max())
     record(f"silu_mul [{T}, 9216] halves of one projection, Triton vs reference (bf16): max relative difference",
            worst, 2 ** -6, worst <= 2 ** -6 and not got.isnan().any(), differing=float((got != want).double().mean()))
+    from flide_ext.kernels.rotary import rotary_ref
+    from flide_ext.kernels.rotary_triton import rotary_triton
+    from flide_ext.layers.rotary import RotaryEmbedding
+    from flide_ext.random_checkpoints import qwen35_config
+
+    rope = RotaryEmbedding(qwen35_config("qwen3.5-4b"), 256, DEV)
+    positions = torch.randint(0, 4000, (T,), generator=gen, device=DEV)
+    cos, sin = rope.cos_sin(positions, bf16)
+    q = (3 * torch.randn(T, 16, 512, generator=gen, device=DEV)).to(bf16)[..., :256]
+    got, want = rotary_triton(q, cos, sin).float(), rotary_ref(q, cos, sin).float()
+    worst = float(((got - want).abs() / want.abs().clamp(min=2 ** -10)).max())
+    record(f"rotary [{T}, 16, 256] (64 rotated, 4B's partial rotary), Triton vs reference (bf16): max relative "
+           "difference", worst, 2 ** -6, worst <= 2 ** -6 and not got.isnan().any(),
+           differing=float((got != want).double().mean()))
 
 
 def tiny_qwen35_config():

@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 from ..kernels import fork_attention
+from ..kernels.rotary import rotary
 from .linear import Linear
 from .norm import RMSNorm
-from .rotary import apply_rotary
 
 
 class ForkSelfAttention(nn.Module):
@@ -68,7 +68,7 @@ class ForkSelfAttention(nn.Module):
         v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, ctx.cos, ctx.sin), apply_rotary(k, ctx.cos, ctx.sin)
+        q, k = rotary(q, ctx.cos, ctx.sin), rotary(k, ctx.cos, ctx.sin)
         if ctx.kv_capture is not None:
             ctx.kv_capture.append((k, v))
         if ctx.kv_prefix is not None:

@@ -48,14 +48,3 @@ class RotaryEmbedding:
         cos = (emb.cos() * self.attention_scaling).to(dtype)
         sin = (emb.sin() * self.attention_scaling).to(dtype)
         return cos, sin
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ``[T, H, D]`` by ``cos``/``sin`` ``[T, R]`` on its first R features
-    (half-split pairing, as in Llama/Qwen checkpoints)."""
-    r = cos.shape[-1]
-    rot, rest = x[..., :r], x[..., r:]
-    half = r // 2
-    rotated_half = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
-    out = rot * cos[:, None, :] + rotated_half * sin[:, None, :]
-    return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
