@@ -176,10 +176,13 @@ def test_norm_and_gate_kernels_compile_for_h200(monkeypatch):
                          gate=torch.zeros(40, 32, 128, **bf16))
     norm.rms_norm_triton(torch.zeros(40, 32, 128, **bf16), torch.zeros(128), 1e-6, "cast",
                          gate=torch.zeros(40, 32, 128, **bf16))
+    hidden = torch.zeros(40, 2560, **bf16)
+    norm.rms_norm_triton(hidden, torch.zeros(2560, **bf16), 1e-6, "offset", residual=hidden)  # the decoder's add
+    norm.rms_norm_triton(hidden[:, :2048], torch.zeros(2048, **bf16), 1e-6, "cast", residual=hidden[:, :2048])
     rec_gate = record(monkeypatch, gate, "_gdn_gate_kernel")
     ab = torch.zeros(40, 64, **bf16)[:, :32]
     gate.gdn_gate_triton(ab, ab, torch.zeros(32), torch.zeros(32, **bf16))
-    assert _compiled(rec_norm, rec_gate) == [5, 1]
+    assert _compiled(rec_norm, rec_gate) == [7, 1]
 
 
 def test_silu_mul_compiles_for_h200(monkeypatch):

@@ -194,3 +194,58 @@ def test_gdn_gate_softplus_to_float32_precision():
     g_ref, _ = gdn_gate_ref(a, torch.zeros_like(a), zero, zero)
     rel = ((g.double() - g_ref.double()).abs() / g_ref.double().abs()).max()
     assert rel < 1e-6, float(rel)
+
+
+@pytest.mark.parametrize("mode", ["cast", "offset"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_residual_add_inside_the_norm(mode, dtype):
+    """``norm(x, residual)`` is ``(norm(x + residual), x + residual)``: the
+    pre-norm decoder's add and norm in one launch."""
+    gen = torch.Generator().manual_seed(11)
+    x = (2 * torch.randn(6, 3, 40, generator=gen)).to(dtype)
+    res = torch.randn(6, 3, 80, generator=gen).to(dtype)[..., :40]  # rows at a stride
+    w = (0.1 * torch.randn(40, generator=gen) + (mode == "cast")).to(dtype)
+    y, total = rms_norm_ref(x, w, 1e-6, mode, residual=res)
+    assert torch.equal(total, x + res) and torch.equal(y, rms_norm_ref(x + res, w, 1e-6, mode))
+    got_y, got_total = rms_norm_triton(x, w, 1e-6, mode, residual=res)
+    assert got_total.is_contiguous() and got_y.dtype == y.dtype and got_total.dtype == dtype
+    if dtype == torch.float32:
+        assert torch.equal(got_total, total)  # one IEEE add
+        torch.testing.assert_close(got_y, y, rtol=1e-5, atol=1e-5)
+    else:
+        # The interpreter truncates the add's bf16 result where the GPU rounds to
+        # nearest even: an ulp in the sum, and the norm's tolerance above it.
+        torch.testing.assert_close(got_total.float(), total.float(), rtol=2 ** -7, atol=2 ** -7)
+        torch.testing.assert_close(got_y.float(), y.float(), rtol=2 ** -5, atol=2 ** -5)
+    with dispatch.force_triton():
+        d_y, d_total = rms_norm(x, w, 1e-6, mode, residual=res)
+    assert torch.equal(d_y, got_y) and torch.equal(d_total, got_total)
+    c_y, c_total = rms_norm(x, w, 1e-6, mode, residual=res)  # CPU: the reference
+    assert torch.equal(c_y, y) and torch.equal(c_total, total)
+
+
+def test_residual_refusals():
+    x, w = torch.randn(3, 8), torch.ones(8)
+    for fn in (rms_norm_ref, rms_norm_triton):
+        with pytest.raises(ValueError, match="residual is not supported with a gate"):
+            fn(x, w, 1e-6, "cast", gate=x, residual=x)
+        with pytest.raises(ValueError, match="residual"):
+            fn(x, w, 1e-6, residual=x[:2])
+        with pytest.raises(ValueError, match="residual"):
+            fn(x, w, 1e-6, residual=x.to(torch.bfloat16))
+    y, total = rms_norm_triton(torch.empty(0, 8), w, 1e-6, residual=torch.empty(0, 8))
+    assert y.shape == total.shape == (0, 8)
+
+
+def test_norm_modules_carry_the_residual():
+    """The norm modules given ``(x, residual)`` return the norm of the sum and the
+    sum, as the decoder blocks use them."""
+    from flide_ext.layers.norm import RMSNorm, ZeroCenteredRMSNorm
+
+    gen = torch.Generator().manual_seed(2)
+    x, res = torch.randn(5, 16, generator=gen), torch.randn(5, 16, generator=gen)
+    for norm in (RMSNorm(16, 1e-6), ZeroCenteredRMSNorm(16, 1e-6)):
+        with torch.no_grad():
+            norm.weight.copy_(0.1 * torch.randn(16, generator=gen))
+            y, total = norm(x, res)
+            assert torch.equal(total, x + res) and torch.equal(y, norm(x + res))

@@ -306,6 +306,15 @@ def check_norms_and_gates(gen):
         worst = float(((got - want).abs() / want.abs().clamp(min=2 ** -10)).max())
         record(f"rms_norm {label} {list(shape)}, Triton vs reference (bf16): max relative difference", worst,
                2 ** -6, worst <= 2 ** -6 and not got.isnan().any(), differing=float((got != want).double().mean()))
+        if gated or len(shape) != 2:
+            continue
+        res = (2 * torch.randn(*shape, generator=gen, device=DEV)).to(bf16)
+        (got, got_sum), (want, want_sum) = rms_norm_triton(x, w, 1e-6, mode, residual=res), \
+            rms_norm_ref(x, w, 1e-6, mode, residual=res)
+        worst = float(((got.float() - want.float()).abs() / want.float().abs().clamp(min=2 ** -10)).max())
+        record(f"rms_norm {label} {list(shape)} with the residual add, Triton vs reference (bf16): max relative "
+               "difference (sums equal)", worst, 2 ** -6, worst <= 2 ** -6 and bool(torch.equal(got_sum, want_sum)),
+               differing=float((got != want).double().mean()))
     a = (4 * torch.randn(T, 32, generator=gen, device=DEV)).to(bf16)
     b = torch.randn(T, 32, generator=gen, device=DEV).to(bf16)
     A_log, dt_bias = torch.randn(32, generator=gen, device=DEV), torch.randn(32, generator=gen, device=DEV).to(bf16)

@@ -30,7 +30,7 @@ MAX_TRITON_WIDTH = 16384  # elements of one row the kernel holds at once
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = "cast",
-                 gate: Optional[torch.Tensor] = None) -> torch.Tensor:
+                 gate: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None):
     """Plain PyTorch reference.
 
     Args:
@@ -39,14 +39,24 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = 
         eps: added to the mean square.
         mode: ``"cast"`` or ``"offset"`` (module docstring).
         gate: ``[..., D]`` like ``x``, or None; only with ``"cast"``.
+        residual: ``[..., D]`` like ``x`` (shape and dtype), or None: the
+            pre-norm decoder's residual stream. Then the norm is of ``x +
+            residual`` (rounded to ``x.dtype``, as torch's add), which is also
+            returned, for the next layer.
 
     Returns:
-        ``[..., D]`` in ``x.dtype``.
+        ``[..., D]`` in ``x.dtype`` (``"cast"`` without gate: in the promotion
+        of ``weight.dtype`` and ``x.dtype``, as the modules); with ``residual``
+        the pair ``(normalised, x + residual)``.
 
     Raises:
-        ValueError: an unknown mode, a gate with ``"offset"``, or shapes that differ.
+        ValueError: an unknown mode, a gate with ``"offset"`` or with a
+            residual, or shapes or dtypes that differ.
     """
-    _check(x, weight, mode, gate)
+    _check(x, weight, mode, gate, residual)
+    if residual is not None:
+        total = x + residual
+        return rms_norm_ref(total, weight, eps, mode), total
     dtype = x.dtype
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
@@ -58,7 +68,7 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = 
     return (h * F.silu(gate.float())).to(dtype)
 
 
-def _check(x, weight, mode, gate) -> None:
+def _check(x, weight, mode, gate, residual=None) -> None:
     if x.dim() == 0:
         raise ValueError("rms_norm: x must have at least one dimension (the normalised one)")
     if mode not in MODES:
@@ -70,16 +80,22 @@ def _check(x, weight, mode, gate) -> None:
             raise ValueError("rms_norm: a gate is only supported with mode 'cast'")
         if gate.shape != x.shape:
             raise ValueError(f"rms_norm gate shape {tuple(gate.shape)} differs from x's {tuple(x.shape)}")
+    if residual is not None:
+        if gate is not None:
+            raise ValueError("rms_norm: a residual is not supported with a gate")
+        if residual.shape != x.shape or residual.dtype != x.dtype:
+            raise ValueError(f"rms_norm residual {tuple(residual.shape)} {residual.dtype} differs from x's "
+                             f"{tuple(x.shape)} {x.dtype}")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = "cast",
-             gate: Optional[torch.Tensor] = None) -> torch.Tensor:
+             gate: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None):
     """:func:`rms_norm_ref`'s contract; the Triton kernel on CUDA tensors of
     float32, bfloat16 or float16 whose rows are at most ``MAX_TRITON_WIDTH`` wide (a program
     holds a whole row; wider rows, wider than any supported model's, and float64
-    take the reference)."""
-    if use_triton(x) and x.shape[-1] <= MAX_TRITON_WIDTH and float32_math_dtypes(x, weight, gate):
+    take the reference). With ``residual`` the add is in the same launch."""
+    if use_triton(x) and x.shape[-1] <= MAX_TRITON_WIDTH and float32_math_dtypes(x, weight, gate, residual):
         from .rms_norm_triton import rms_norm_triton
 
-        return rms_norm_triton(x, weight, eps, mode, gate)
-    return rms_norm_ref(x, weight, eps, mode, gate)
+        return rms_norm_triton(x, weight, eps, mode, gate, residual)
+    return rms_norm_ref(x, weight, eps, mode, gate, residual)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
@@ -13,6 +15,8 @@ class RMSNorm(nn.Module):
     to the input dtype before the weight, as Llama and Qwen3 checkpoints expect.
 
     Input ``[..., hidden]`` of any float dtype; output the same shape and dtype.
+    Given ``residual`` (like ``x``), normalises ``x + residual`` in the same
+    launch and returns ``(normalised, x + residual)``.
     """
 
     def __init__(self, hidden_size: int, eps: float):
@@ -20,15 +24,17 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps, "cast")
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
+        return rms_norm(x, self.weight, self.eps, "cast", residual=residual)
 
 
 class ZeroCenteredRMSNorm(nn.Module):
     """``y = (x / sqrt(mean(x^2) + eps)) * (1 + w)`` in float32, cast to the input
     dtype at the end (Qwen3.5 / Qwen3-Next; weights stored as offsets from 1).
 
-    Input ``[..., hidden]``; output the same shape and dtype.
+    Input ``[..., hidden]``; output the same shape and dtype. Given ``residual``
+    (like ``x``), normalises ``x + residual`` in the same launch and returns
+    ``(normalised, x + residual)``.
     """
 
     def __init__(self, hidden_size: int, eps: float):
@@ -36,8 +42,8 @@ class ZeroCenteredRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(hidden_size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps, "offset")
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
+        return rms_norm(x, self.weight, self.eps, "offset", residual=residual)
 
 
 class GatedRMSNorm(nn.Module):

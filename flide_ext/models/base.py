@@ -19,7 +19,8 @@ def head_dim_of(config) -> int:
 
 class FlatCausalLM(nn.Module):
     """Base of the model families. Subclasses build ``self.model`` with
-    ``embed_tokens``, ``layers`` (each called as ``layer(x, ctx)``) and ``norm``, and
+    ``embed_tokens``, ``layers`` (each called as ``layer(x, residual, ctx)``, returning
+    ``(x, residual)``) and ``norm``, and
     ``self.lm_head``.
 
     ``forward(plan, ...)`` returns ``[R, vocab]`` float32 log-probabilities at the
@@ -51,10 +52,10 @@ class FlatCausalLM(nn.Module):
 
     def hidden_states(self, ctx: ForwardContext) -> torch.Tensor:
         """Last-layer hidden states ``[T, hidden]`` (before the final norm)."""
-        x = self.model.embed_tokens(ctx.plan.token_ids)
+        x, residual = self.model.embed_tokens(ctx.plan.token_ids), None
         for layer in self.model.layers:
-            x = layer(x, ctx)
-        return x
+            x, residual = layer(x, residual, ctx)
+        return x if residual is None else x + residual
 
     def forward(self, plan, state_pool=None, kv_prefix=None, kv_capture=None) -> torch.Tensor:
         """Run a round.

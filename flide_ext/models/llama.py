@@ -37,9 +37,13 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, ctx):
-        x = x + self.self_attn(self.input_layernorm(x), ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, ctx):
+        """Pre-norm block over the residual stream, its adds inside the norms:
+        ``x`` is the last block's output (the embeddings, with ``residual``
+        None); returns ``(output, residual)``, whose sum is the hidden state."""
+        h, residual = (self.input_layernorm(x), x) if residual is None else self.input_layernorm(x, residual)
+        h, residual = self.post_attention_layernorm(self.self_attn(h, ctx), residual)
+        return self.mlp(h), residual
 
 
 class DecoderModel(nn.Module):
