@@ -161,7 +161,7 @@ def test_tree_conv_equals_level_conv_and_triton():
             cct.TREE_CONFIG = monkey
         assert [p.shape for p in parts] == [p.shape for p in want_parts] and all(p.is_contiguous() for p in parts)
         assert torch.equal(torch.cat(parts, 1), fast)
-    for bad in ([40, 1], [20, 10, 5, 5], [0, 40], [41]):
+    for bad in ([40, 1], [20, 10, 5, 5], [0, 40], [41], [16.0, 16, 8], torch.tensor([16, 16, 8])):
         with pytest.raises(ValueError, match="split"):
             causal_conv1d_tree_ref(x, weight, bias, pool.clone(), token_segment, seg_start, seg_len, history,
                                    history_slot, final, split=bad)
@@ -321,3 +321,21 @@ def test_graphs_need_triton_kernels_and_fla_for_gdn(tiny_dirs):
         assert not graphs_supported(dense)
         runner = GraphRunner(dense, None, [GraphCapacity(256, 16)], mode="flat")
     assert runner.mode == "off"
+
+
+def test_round_buffers_copy_any_dtype():
+    """The pinned buffer's numpy views take every dtype, bfloat16 (which numpy
+    lacks) as its bytes."""
+    from dataclasses import replace
+
+    from flide_ext.runtime.round_buffers import RoundBuffers
+
+    plan = plan_round([0], [[1, 2, 3]], "cpu")
+    buffers = RoundBuffers("cpu")
+    for shift in (0.5, -1.25):
+        odd = replace(plan, positions=plan.positions.to(torch.bfloat16) + shift,
+                      seg_depth=plan.seg_depth >= 0, token_ids=plan.token_ids.to(torch.uint8) + 1)
+        out = buffers.write(odd, with_levels=False)
+        for name in ("positions", "seg_depth", "token_ids", "seg_start"):
+            got, want = getattr(out, name), getattr(odd, name)
+            assert got.dtype == want.dtype and torch.equal(got, want), name

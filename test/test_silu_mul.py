@@ -105,3 +105,11 @@ def test_dispatch_and_the_gated_mlp():
         want = gelu.down_proj(F.gelu(gelu.gate_proj(x)) * gelu.up_proj(x))
     with torch.inference_mode():
         torch.testing.assert_close(gelu(x), want, rtol=1e-6, atol=1e-7)
+
+
+def test_refuses_integer_inputs():
+    x = torch.ones(2, 3, dtype=torch.int32)
+    with pytest.raises(ValueError, match="floating-point"):
+        silu_mul_ref(x, x)
+    with pytest.raises(ValueError, match="floating-point"):
+        silu_mul_triton(x, x)

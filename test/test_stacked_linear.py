@@ -72,3 +72,24 @@ def test_refuses_unlike_layers():
         StackedLinear(Linear(4, 2), Linear(5, 2))
     with pytest.raises(ValueError, match="bias"):
         StackedLinear(Linear(4, 2, bias=True), Linear(4, 2, bias=False))
+
+
+def test_autograd_reaches_the_layers():
+    """Outside no-grad the layers run one by one, so their parameters get gradients."""
+    from flide_ext.layers.mlp import GatedMLP
+
+    torch.manual_seed(1)
+    mlp = GatedMLP(8, 12, "silu")
+    x = torch.randn(3, 8)
+    mlp(x).sum().backward()
+    for layer in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+        assert layer.weight.grad is not None and layer.weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        torch.testing.assert_close(mlp(x), mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x)) * mlp.up_proj(x)))
+
+
+def test_refuses_layers_of_different_dtypes():
+    a, b = Linear(4, 2), Linear(4, 3).double()
+    with torch.inference_mode(), pytest.raises(ValueError, match="dtype and device"):
+        StackedLinear(a, b)(torch.randn(2, 4))
+    assert a.weight.dtype == torch.float32  # untouched

@@ -143,8 +143,9 @@ def check_split(split: Optional[Sequence[int]], C: int) -> None:
     counts summing to ``C``."""
     if split is None:
         return
-    if not 1 <= len(split) <= 3 or any(int(n) != n or n < 1 for n in split) or sum(split) != C:
-        raise ValueError(f"split {list(split)} must be one to three positive channel counts summing to {C}")
+    if (isinstance(split, torch.Tensor) or not 1 <= len(split) <= 3
+            or any(type(n) is not int or n < 1 for n in split) or sum(split) != C):
+        raise ValueError(f"split {split!r} must be one to three positive int channel counts summing to {C}")
 
 
 def causal_conv1d_tree(*args, **kwargs) -> torch.Tensor:

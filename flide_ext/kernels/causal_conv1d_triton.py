@@ -270,7 +270,7 @@ def causal_conv1d_tree_triton(
     check_written(conv_pool=conv_pool)
     check_split(split, C)
     block_t, block_c, warps = TREE_CONFIG
-    bounds = list(itertools.accumulate(split or [C]))[:-1]
+    bounds = list(itertools.accumulate(split if split is not None else [C]))[:-1]
     in_place = split is not None and all(b % block_c == 0 for b in bounds)
     bounds = (bounds + [C, C])[:2]
     buffer = torch.empty(T * C, dtype=x.dtype, device=x.device)

@@ -24,7 +24,7 @@ def silu_mul_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         ``[T, I]`` contiguous, in the inputs' dtype.
 
     Raises:
-        ValueError: shapes or dtypes that differ, or not 2-D.
+        ValueError: shapes or dtypes that differ, not 2-D, or not floating point.
     """
     _check(gate, up)
     g = gate.double()
@@ -37,6 +37,8 @@ def _check(gate: torch.Tensor, up: torch.Tensor) -> None:
         raise ValueError(f"silu_mul: gate {tuple(gate.shape)} and up {tuple(up.shape)} must both be [T, I]")
     if gate.dtype != up.dtype:
         raise ValueError(f"silu_mul: gate dtype {gate.dtype} and up dtype {up.dtype} differ")
+    if not gate.is_floating_point():
+        raise ValueError(f"silu_mul: gate dtype {gate.dtype} is not a floating-point dtype")
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -48,7 +48,8 @@ class StackedLinear:
         layers: Linear layers of one input width, all with or all without bias.
 
     Raises:
-        ValueError: input widths differ, or some layers have a bias and some not.
+        ValueError: input widths differ, or some layers have a bias and some not
+            (and, at the first call, weights of different dtypes or devices).
     """
 
     def __init__(self, *layers: Linear):
@@ -65,6 +66,9 @@ class StackedLinear:
         params = [getattr(layer, name) for layer in self.layers]
         if params[0] is None:
             return None
+        if len({(p.dtype, p.device) for p in params}) != 1:
+            raise ValueError(f"stacked linear layers must share their {name}s' dtype and device, not "
+                             + ", ".join(f"{p.dtype} on {p.device}" for p in params))
         if current is not None and current.device == params[0].device and current.dtype == params[0].dtype:
             at, inside = 0, True
             for p, n in zip(params, self.sizes):
@@ -84,7 +88,15 @@ class StackedLinear:
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         """``x`` ``[T, in]`` -> each layer's output ``[T, out_i]`` (column views of one
-        ``[T, sum(out)]`` result, in ``x.dtype``)."""
+        ``[T, sum(out)]`` result, in ``x.dtype``). When autograd records (a
+        parameter requires grad, outside no-grad and inference mode) the layers
+        run one by one, so gradients reach their parameters.
+
+        Raises:
+            ValueError: the layers' weights (or biases) differ in dtype or device.
+        """
+        if torch.is_grad_enabled() and any(p.requires_grad for layer in self.layers for p in layer.parameters()):
+            return [layer(x) for layer in self.layers]
         self._weight = self._stacked("weight", self._weight)
         self._bias = self._stacked("bias", self._bias)
         return list(torch.split(linear(x, self._weight, self._bias), self.sizes, dim=-1))

@@ -243,7 +243,9 @@ class GraphRunner:
             t0 = time.perf_counter()
             self._capture(capacity)
             self.capture_log.append(time.perf_counter() - t0)
-        smallest = self.capacities[0]
+        # The launch-bound time of the smallest token capacity, timed on its
+        # fullest graph (the most levels: the most launches).
+        smallest = min(self.capacities, key=lambda c: (c.tokens, -c.levels, -c.segments))
         plan = self._graphs[smallest].plan
         self.model(plan, self.state_pool)
         torch.cuda.synchronize(self.device)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from typing import Optional
 
+import numpy as np
 import torch
 
 from ..kernels.tables import KernelTables, TableCapacity, build_tables
@@ -126,13 +127,19 @@ class RoundBuffers:
                 self._views[name] = self._device[offset:offset + n].view(dtype).view(shape)
                 # numpy views of the pinned buffer: a round's few dozen small
                 # copies cost a microsecond each instead of a torch dispatch.
-                np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
-                self._host_views[name] = host[offset:offset + n].view(np_dtype).reshape(shape) if n else None
+                # Dtypes numpy lacks (bfloat16) are copied as their bytes.
+                try:
+                    view = host[offset:offset + n].view(torch.empty(0, dtype=dtype).numpy().dtype).reshape(shape)
+                except TypeError:
+                    view = host[offset:offset + n]
+                self._host_views[name] = view if n else None
         elif layout != self._layout:
             raise ValueError("a round's tensors do not match the buffers' layout")
         for name, view in self._host_views.items():
             if view is not None:
-                view[...] = named[name].numpy()
+                t = named[name]
+                view[...] = t.numpy() if view.dtype != np.uint8 or t.dtype in (torch.uint8, torch.bool) \
+                    else t.reshape(-1).view(torch.uint8).numpy()
         if self.device.type == "cpu":
             self._device.copy_(self._host)
         else:
