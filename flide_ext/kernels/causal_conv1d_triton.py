@@ -270,9 +270,9 @@ def causal_conv1d_tree_triton(
     check_written(conv_pool=conv_pool)
     check_split(split, C)
     block_t, block_c, warps = TREE_CONFIG
-    bounds = list(itertools.accumulate(split if split is not None else [C]))[:-1]
-    in_place = split is not None and all(b % block_c == 0 for b in bounds)
-    bounds = (bounds + [C, C])[:2]
+    edges = [0, *itertools.accumulate(split if split is not None else [C])]  # group boundaries, 0 ... C
+    in_place = split is not None and all(b % block_c == 0 for b in edges[1:-1])
+    b1, b2 = (edges[1:-1] + [C, C])[:2]
     buffer = torch.empty(T * C, dtype=x.dtype, device=x.device)
     out = buffer.view(T, C)
     if T > 0:
@@ -282,7 +282,7 @@ def causal_conv1d_tree_triton(
         meta = dict(WIDTH=W, BLOCK_W=triton.next_power_of_2(W), BLOCK_C=BLOCK_C)
         _causal_conv1d_tree_kernel[(triton.cdiv(T, block_t), triton.cdiv(C, block_c))](
             x, weight, bias.contiguous() if bias is not None else weight, conv_pool, buffer, *tables,
-            T, C, x.stride(0), C, bounds[0], bounds[1], BLOCK_T=block_t, HAS_BIAS=bias is not None,
+            T, C, x.stride(0), C, b1, b2, BLOCK_T=block_t, HAS_BIAS=bias is not None,
             SILU=activation == "silu", SPLIT=in_place,
             WIDTH=W, BLOCK_W=triton.next_power_of_2(W), BLOCK_C=block_c, num_warps=warps,
         )
@@ -294,6 +294,5 @@ def causal_conv1d_tree_triton(
     if split is None:
         return out
     if in_place:
-        starts = [0] + list(itertools.accumulate(split))
-        return tuple(buffer[T * a:T * b].view(T, b - a) for a, b in zip(starts, starts[1:]))
+        return tuple(buffer[T * a:T * b].view(T, b - a) for a, b in zip(edges, edges[1:]))
     return tuple(part.contiguous() for part in out.split(list(split), dim=1))

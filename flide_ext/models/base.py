@@ -17,6 +17,25 @@ def head_dim_of(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
+def pre_norm_block(x: torch.Tensor, residual: Optional[torch.Tensor], ctx, input_norm, mixer, post_norm, mlp):
+    """One pre-norm decoder block over the residual stream, its adds inside the
+    norms (``norm(x, residual)`` returns ``(normalised, x + residual)``).
+
+    Args:
+        x: ``[T, hidden]`` the last block's output (the embeddings, with
+            ``residual`` None).
+        residual: ``[T, hidden]`` the residual stream before this block, or None.
+        ctx: the ForwardContext the mixer reads.
+        input_norm, mixer, post_norm, mlp: the block's modules (``mixer(h, ctx)``).
+
+    Returns:
+        ``(output, residual)``, whose sum is the block's hidden state.
+    """
+    h, residual = (input_norm(x), x) if residual is None else input_norm(x, residual)
+    h, residual = post_norm(mixer(h, ctx), residual)
+    return mlp(h), residual
+
+
 class FlatCausalLM(nn.Module):
     """Base of the model families. Subclasses build ``self.model`` with
     ``embed_tokens``, ``layers`` (each called as ``layer(x, residual, ctx)``, returning

@@ -14,7 +14,7 @@ from ..layers.attention import ForkSelfAttention
 from ..layers.linear import Linear
 from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
-from .base import FlatCausalLM, head_dim_of
+from .base import FlatCausalLM, head_dim_of, pre_norm_block
 
 
 class DecoderLayer(nn.Module):
@@ -38,12 +38,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, x, residual, ctx):
-        """Pre-norm block over the residual stream, its adds inside the norms:
-        ``x`` is the last block's output (the embeddings, with ``residual``
-        None); returns ``(output, residual)``, whose sum is the hidden state."""
-        h, residual = (self.input_layernorm(x), x) if residual is None else self.input_layernorm(x, residual)
-        h, residual = self.post_attention_layernorm(self.self_attn(h, ctx), residual)
-        return self.mlp(h), residual
+        return pre_norm_block(x, residual, ctx, self.input_layernorm, self.self_attn, self.post_attention_layernorm,
+                              self.mlp)
 
 
 class DecoderModel(nn.Module):

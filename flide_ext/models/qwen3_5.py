@@ -19,7 +19,7 @@ from ..layers.linear import Linear
 from ..layers.mlp import GatedMLP
 from ..layers.moe import SparseMoeBlock
 from ..layers.norm import ZeroCenteredRMSNorm
-from .base import FlatCausalLM, head_dim_of
+from .base import FlatCausalLM, head_dim_of, pre_norm_block
 
 
 def text_config(config):
@@ -53,12 +53,8 @@ class HybridDecoderLayer(nn.Module):
         self.post_attention_layernorm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, x, residual, ctx):
-        """Pre-norm block over the residual stream, its adds inside the norms:
-        ``x`` is the last block's output (the embeddings, with ``residual``
-        None); returns ``(output, residual)``, whose sum is the hidden state."""
-        h, residual = (self.input_layernorm(x), x) if residual is None else self.input_layernorm(x, residual)
-        h, residual = self.post_attention_layernorm(self.mixer(h, ctx), residual)
-        return self.mlp(h), residual
+        return pre_norm_block(x, residual, ctx, self.input_layernorm, self.mixer, self.post_attention_layernorm,
+                              self.mlp)
 
 
 class HybridModel(nn.Module):

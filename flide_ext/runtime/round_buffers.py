@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from typing import Optional
 
-import numpy as np
 import torch
 
 from ..kernels.tables import KernelTables, TableCapacity, build_tables
@@ -128,18 +127,18 @@ class RoundBuffers:
                 # numpy views of the pinned buffer: a round's few dozen small
                 # copies cost a microsecond each instead of a torch dispatch.
                 # Dtypes numpy lacks (bfloat16) are copied as their bytes.
-                try:
-                    view = host[offset:offset + n].view(torch.empty(0, dtype=dtype).numpy().dtype).reshape(shape)
-                except TypeError:
+                if n:
                     view = host[offset:offset + n]
-                self._host_views[name] = view if n else None
+                    try:
+                        self._host_views[name] = (view.view(torch.empty(0, dtype=dtype).numpy().dtype).reshape(shape),
+                                                  False)
+                    except TypeError:
+                        self._host_views[name] = (view, True)
         elif layout != self._layout:
             raise ValueError("a round's tensors do not match the buffers' layout")
-        for name, view in self._host_views.items():
-            if view is not None:
-                t = named[name]
-                view[...] = t.numpy() if view.dtype != np.uint8 or t.dtype in (torch.uint8, torch.bool) \
-                    else t.reshape(-1).view(torch.uint8).numpy()
+        for name, (view, as_bytes) in self._host_views.items():
+            t = named[name]
+            view[...] = (t.reshape(-1).view(torch.uint8) if as_bytes else t).numpy()
         if self.device.type == "cpu":
             self._device.copy_(self._host)
         else:
