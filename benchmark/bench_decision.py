@@ -60,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "kernels"))
 from workloads import WORKLOADS, workload_prompts  # noqa: E402
 
 from flide_ext import Engine  # noqa: E402
-from flide_ext.random_checkpoints import qwen35_config, random_model  # noqa: E402
+from flide_ext.assets.random_checkpoints import qwen35_config, random_model  # noqa: E402
 from flide_ext.runtime.strategies import run_strategy  # noqa: E402
 
 METHODS = ("flide", "no_fork", "prefix_cache", "full_readout", "no_graphs", "per_shape_graphs", "hf")
@@ -206,7 +206,7 @@ def hf_runner(config, device, dtype, groups):
 def prefill_alone(group):
     """One request's state followed by every question's own tokens as a single
     prompt with one label: the request's stream tokens, unforked."""
-    from flide_ext.tree import build_prefix_tree
+    from flide_ext.plan.tree import build_prefix_tree
 
     prompts, _ = group
     tree = build_prefix_tree([0] * len(prompts), prompts)
@@ -218,7 +218,7 @@ def flops_per_request(config, stream_tokens: int, readout_rows: int) -> float:
     """Matmul FLOPs of one request: 2 x the layers' parameters x stream tokens, plus
     2 x hidden x vocab per readout row (the LM head runs on those rows only; the
     embedding is a lookup, no FLOPs). Attention's own FLOPs are left out (a floor)."""
-    from flide_ext.random_checkpoints import count_parameters
+    from flide_ext.assets.random_checkpoints import count_parameters
 
     head = config.hidden_size * config.vocab_size
     embeddings = head if getattr(config, "tie_word_embeddings", False) else 2 * head

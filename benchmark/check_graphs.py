@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_decision import model_config, requests_for  # noqa: E402
 
 from flide_ext import Engine  # noqa: E402
-from flide_ext.random_checkpoints import random_model  # noqa: E402
+from flide_ext.assets.random_checkpoints import random_model  # noqa: E402
 
 # Largest label-probability change a bf16 replay may show against eager (GEMM
 # tilings differ with the padded row count; the answers' argmax may not change).

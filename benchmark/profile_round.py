@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_decision import WORKLOADS, model_config, requests_for  # noqa: E402
 
 from flide_ext import Engine  # noqa: E402
-from flide_ext.random_checkpoints import random_model  # noqa: E402
+from flide_ext.assets.random_checkpoints import random_model  # noqa: E402
 from flide_ext.runtime.graph_runner import parse_capacities  # noqa: E402
 
 

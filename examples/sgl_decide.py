@@ -10,7 +10,7 @@ import argparse
 import sglang as sgl
 
 import flide_ext  # noqa: F401  (registers sgl.decide)
-from flide_ext.lang import FlideEndpoint
+from flide_ext.entrypoints.lang import FlideEndpoint
 
 
 @sgl.function

@@ -4,9 +4,9 @@ One shared state, many questions answered by single-token labels, computed as
 one flat token stream in which every question sees exactly its own prompt.
 """
 
-from .errors import FlideError, ModelLoadError, RequestError
-from .plan import FlatPlan, plan_round
-from .requests import TokenAnswer, TokenRequest
+from .protocol.errors import FlideError, ModelLoadError, RequestError
+from .plan.flat import FlatPlan, plan_round
+from .protocol.token_requests import TokenAnswer, TokenRequest
 from .runtime.engine import Engine, RoundStats
 from .runtime.rounds import RoundCapacity
 
@@ -25,7 +25,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 try:  # sgl.decide for SGLang's frontend language, where SGLang is installed
-    from .lang import register as _register_decide
+    from .entrypoints.lang import register as _register_decide
 
     _register_decide()
 except ImportError:  # pragma: no cover - SGLang's frontend is part of the set-up

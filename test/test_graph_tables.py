@@ -16,7 +16,7 @@ from flide_ext.kernels.causal_conv1d import causal_conv1d_ref, causal_conv1d_tre
 from flide_ext.kernels.causal_conv1d_triton import causal_conv1d_tree_triton
 from flide_ext.kernels.fork_attention_triton import _build_metadata
 from flide_ext.kernels.tables import TableCapacity, build_tables, conv_history
-from flide_ext.plan import Resume, plan_round
+from flide_ext.plan.flat import Resume, plan_round
 from flide_ext.runtime.graph_runner import (
     GraphCapacity,
     GraphRunner,

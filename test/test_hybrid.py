@@ -139,7 +139,7 @@ def test_flide_decide_with_a_qwen35_checkpoint_directory(tmp_path):
 
     from checkpoints import write_tiny_checkpoint
     from flide_ext import Engine
-    from flide_ext.qwen35_tokenizer import write_qwen35_tokenizer
+    from flide_ext.assets.qwen35_tokenizer import write_qwen35_tokenizer
 
     model = write_tiny_checkpoint(tmp_path / "qwen35", "qwen3_5", vocab_size=248320, tie_word_embeddings=True)
     write_qwen35_tokenizer(model)
@@ -154,7 +154,7 @@ def test_flide_decide_with_a_qwen35_checkpoint_directory(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"id": "r1", "request": request}) + "\n")
     run = subprocess.run(
-        [sys.executable, "-m", "flide_ext.cli", "decide", "--model", str(model), "--input", str(src)],
+        [sys.executable, "-m", "flide_ext.entrypoints.cli", "decide", "--model", str(model), "--input", str(src)],
         capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=600,
     )
     assert run.returncode == 0, run.stderr

@@ -24,7 +24,7 @@ import torch
 import flide_ext.kernels.causal_conv1d_triton as conv
 import flide_ext.kernels.fork_attention_triton as fat
 import flide_ext.kernels.gated_delta_rule_triton as gdt
-from flide_ext.plan import plan_round
+from flide_ext.plan.flat import plan_round
 
 POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
            torch.int64: "*i64"}

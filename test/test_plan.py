@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from flide_ext.plan import plan_round
+from flide_ext.plan.flat import plan_round
 
 
 def check_plan(requests, prompts):

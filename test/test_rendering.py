@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 from transformers import AutoTokenizer
 
-from flide_ext.decisions import DecisionRenderer, parse_decision_request
+from flide_ext.protocol.decisions import DecisionRenderer, parse_decision_request
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "decisions.jsonl"
 

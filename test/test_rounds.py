@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flide_ext.errors import RequestError
-from flide_ext.plan import plan_round
+from flide_ext.protocol.errors import RequestError
+from flide_ext.plan.flat import plan_round
 from flide_ext.runtime.rounds import RequestSize, RoundCapacity, pack_round, request_size
 
 

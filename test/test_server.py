@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from flide_ext import Engine
-from flide_ext.decisions import parse_decision_request
+from flide_ext.protocol.decisions import parse_decision_request
 
 KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -49,7 +49,7 @@ def server(char_model_dir, tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flide_ext.cli", "serve", "--model-path", str(char_model_dir), "--port", str(port),
+        [sys.executable, "-m", "flide_ext.entrypoints.cli", "serve", "--model-path", str(char_model_dir), "--port", str(port),
          "--api-key", KEY, "--context-length", "400", "--round-tokens", "3000"],
         stdout=open(log, "w"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
@@ -224,7 +224,7 @@ def test_sgl_decide_example_runs_against_the_live_server(server, engine):
     assert set(lines) == {"category", "refund", "urgency"}
     import sglang as sgl
 
-    from flide_ext.lang import FlideEndpoint
+    from flide_ext.entrypoints.lang import FlideEndpoint
 
     @sgl.function
     def program(s):
@@ -259,7 +259,7 @@ def test_schemathesis_finds_no_server_error(server, tmp_path):
 
 
 def test_systemone_route(server, engine):
-    from flide_ext.systemone import SystemOneRenderer
+    from flide_ext.protocol.systemone import SystemOneRenderer
 
     body = {"state": "Rain all day.", "model": "any", "questions": {
         "mood": {"type": "choice", "instructions": "Weather?", "criteria": {"wet": "rain", "dry": None, "snowy": "snow"}},

@@ -66,7 +66,7 @@ def test_prefill_limits_become_round_capacities():
     from sglang.srt.server_args import ServerArgs
 
     from flide_ext.server.launch import ServeArgs
-    from flide_ext.sglang_plugin import refused_flags, serve_args
+    from flide_ext.entrypoints.sglang_plugin import refused_flags, serve_args
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
@@ -85,7 +85,7 @@ def test_disable_cuda_graph_turns_flide_graphs_off():
 
     from sglang.srt.server_args import ServerArgs
 
-    from flide_ext.sglang_plugin import refused_flags, serve_args
+    from flide_ext.entrypoints.sglang_plugin import refused_flags, serve_args
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)

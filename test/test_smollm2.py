@@ -62,6 +62,6 @@ def test_decision_response_carries_the_round_numbers(smollm2_engine):
 
 
 def _parse(request):
-    from flide_ext.decisions import parse_decision_request
+    from flide_ext.protocol.decisions import parse_decision_request
 
     return parse_decision_request(request)

@@ -25,7 +25,7 @@ from flide_ext.kernels.fork_attention import fork_attention_ref  # noqa: E402
 from flide_ext.kernels.fork_attention_triton import MAX_DEPTH, fork_attention_triton, path_tables  # noqa: E402
 from flide_ext.kernels.gated_delta_rule import recurrent_gated_delta_rule_ref  # noqa: E402
 from flide_ext.kernels.gated_delta_rule_triton import fla_available, recurrent_gated_delta_rule_triton  # noqa: E402
-from flide_ext.plan import Resume, plan_round  # noqa: E402
+from flide_ext.plan.flat import Resume, plan_round  # noqa: E402
 
 
 def _attention_args(plan, Hq, Hkv, D, DV, gen, prefix=0):
@@ -363,7 +363,7 @@ def test_deep_requests_refused_alone(tiny_dirs):
     RequestError naming ``prompts``; the other request in the round is answered,
     and a 9-level request runs through the Triton kernels as through the reference."""
     from flide_ext import Engine, RequestError
-    from flide_ext.tree import MAX_TREE_DEPTH
+    from flide_ext.plan.tree import MAX_TREE_DEPTH
 
     engine = Engine(str(tiny_dirs["qwen3_5"]))
     chain = [[5 + i for i in range(n + 1)] for n in range(MAX_TREE_DEPTH + 1)]  # each prompt extends the last
@@ -475,7 +475,7 @@ def test_round_metadata_built_once_for_the_deepest_tree(monkeypatch):
     per layer (each build waits for the device on a GPU)."""
     import flide_ext.kernels.causal_conv1d_triton as conv
     import flide_ext.kernels.gated_delta_rule_triton as gdt
-    from flide_ext.tree import MAX_TREE_DEPTH
+    from flide_ext.plan.tree import MAX_TREE_DEPTH
 
     monkeypatch.setattr(gdt, "chunk_steps", gdt.reference_steps)
     builds = {"level": 0, "tree": 0, "blocks": 0}

@@ -38,7 +38,7 @@ from timing import median_ms  # noqa: E402
 from workloads import WORKLOADS, attention_inputs, workload_prompts  # noqa: E402
 
 from flide_ext.kernels.fork_attention_triton import fork_attention_triton, path_tables  # noqa: E402
-from flide_ext.plan import plan_round  # noqa: E402
+from flide_ext.plan.flat import plan_round  # noqa: E402
 
 HQ, HKV, D = 16, 4, 256
 

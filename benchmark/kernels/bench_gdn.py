@@ -46,7 +46,7 @@ from flide_ext.kernels.gated_delta_rule_triton import (  # noqa: E402
     gated_delta_rule_tree_triton,
     recurrent_gated_delta_rule_triton,
 )
-from flide_ext.plan import plan_round  # noqa: E402
+from flide_ext.plan.flat import plan_round  # noqa: E402
 
 H, HV, K, V = 16, 32, 128, 128
 

@@ -49,7 +49,7 @@ from flide_ext.kernels.gated_delta_rule_triton import (  # noqa: E402
     gated_delta_rule_tree_triton,
     recurrent_gated_delta_rule_triton,
 )
-from flide_ext.plan import Resume, plan_round  # noqa: E402
+from flide_ext.plan.flat import Resume, plan_round  # noqa: E402
 from workloads import attention_inputs, gdn_inputs, workload_prompts  # noqa: E402
 
 DEV = "cuda"
@@ -335,7 +335,7 @@ def check_norms_and_gates(gen):
     from flide_ext.kernels.rotary import rotary_ref
     from flide_ext.kernels.rotary_triton import rotary_triton
     from flide_ext.layers.rotary import RotaryEmbedding
-    from flide_ext.random_checkpoints import qwen35_config
+    from flide_ext.assets.random_checkpoints import qwen35_config
 
     rope = RotaryEmbedding(qwen35_config("qwen3.5-4b"), 256, DEV)
     positions = torch.randint(0, 4000, (T,), generator=gen, device=DEV)
@@ -384,7 +384,7 @@ def tv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def check_model(name, config, owners, prompts, seed=0):
     from flide_ext.models import MODEL_CLASSES
-    from flide_ext.random_checkpoints import random_model
+    from flide_ext.assets.random_checkpoints import random_model
 
     t0 = time.time()
     gpu = random_model(config, torch.bfloat16, DEV, seed=seed)
@@ -442,7 +442,7 @@ def main() -> int:
         ("tiny model", lambda: check_model("tiny Qwen3.5", tiny_qwen35_config(), *workload_prompts("race", 2, vocab=1024))),
     ]
     if not args.skip_4b:
-        from flide_ext.random_checkpoints import qwen35_config
+        from flide_ext.assets.random_checkpoints import qwen35_config
 
         owners, prompts = workload_prompts("race", 1, vocab=248320)
         prompts = [p[:160] + p[375:391] for p in prompts]  # 160-token state, 16-token questions: CPU time

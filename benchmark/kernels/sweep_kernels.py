@@ -38,7 +38,7 @@ from workloads import WORKLOADS, attention_inputs, gdn_inputs, workload_prompts 
 
 import flide_ext.kernels.fork_attention_triton as fat  # noqa: E402
 import flide_ext.kernels.gated_delta_rule_triton as gdt  # noqa: E402
-from flide_ext.plan import plan_round  # noqa: E402
+from flide_ext.plan.flat import plan_round  # noqa: E402
 
 ATTENTION_CONFIGS = {
     256: [(64, 32, 8, 2, False), (64, 64, 8, 2, False), (128, 32, 8, 2, False), (64, 32, 4, 2, True),

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..tree import MAX_TREE_DEPTH
+from ..plan.tree import MAX_TREE_DEPTH
 from .arguments import check_groups, check_window
 from .round_cache import round_cache
 
@@ -248,7 +248,7 @@ def fork_attention_triton(
         ValueError: ``Hq`` not a multiple of ``Hkv``, a head size over 256, a
             sliding window below 1 or not whole, or a segment path deeper than
             ``MAX_DEPTH``. With a sliding window, positions must run contiguously
-            along each path (as :func:`flide_ext.plan.plan_round` lays them out):
+            along each path (as :func:`flide_ext.plan.flat.plan_round` lays them out):
             key tiles before the window's reach are skipped.
     """
     T, Hq, D = q.shape

@@ -202,7 +202,7 @@ def gated_delta_rule_tree_ref(
         q, k, v, g, beta, scale, state_pool, use_qk_l2norm, out: as
             :func:`chunk_gated_delta_rule_ref`.
         levels: per tree level ``(seg_start, seg_len, initial_slot, final_slot)``,
-            ``[n]`` int64 each (:meth:`flide_ext.plan.FlatPlan.level_tables`).
+            ``[n]`` int64 each (:meth:`flide_ext.plan.flat.FlatPlan.level_tables`).
         tables: the GPU path's precomputed round tables (ignored here).
 
     Returns:

@@ -152,7 +152,7 @@ def build_tables(plan, capacity: Optional[TableCapacity], conv_width: int, token
     """The tables of a round as host (CPU) tensors, padded to ``capacity``.
 
     Args:
-        plan: the round's :class:`~flide_ext.plan.FlatPlan` with CPU tensors and
+        plan: the round's :class:`~flide_ext.plan.flat.FlatPlan` with CPU tensors and
             slots assigned (models with GDN layers).
         capacity: sizes to pad to; None pads to the round itself (plus the
             padding segment).

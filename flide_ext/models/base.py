@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..forward_context import ForwardContext
+from ..layers.context import ForwardContext
 from ..layers.readout import readout_logprobs
 from ..layers.rotary import RotaryEmbedding
 

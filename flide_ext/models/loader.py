@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig
 
-from ..errors import ModelLoadError
+from ..protocol.errors import ModelLoadError
 from . import MODEL_CLASSES
 
 

@@ -16,11 +16,11 @@ from typing import Any, List, Optional, Sequence, Union
 
 import torch
 
-from ..builtin_models import resolve_model_path
-from ..errors import ModelLoadError, RequestError
+from ..assets.builtin_models import resolve_model_path
+from ..protocol.errors import ModelLoadError, RequestError
 from ..models.loader import load_model
-from ..plan import Resume, plan_round
-from ..requests import TokenAnswer, TokenRequest, check_token_request, parse_token_request
+from ..plan.flat import Resume, plan_round
+from ..protocol.token_requests import TokenAnswer, TokenRequest, check_token_request, parse_token_request
 from .checkpoints import Checkpoint, CheckpointStore, concat_kv
 from .graph_runner import MODES, GraphCapacity, GraphRunner, default_capacities
 from .round_buffers import device_round
@@ -107,7 +107,7 @@ class Engine:
         checkpoint_max_tokens: total tokens all kept checkpoints may cover (their
             K/V memory), evicting least recently used first.
         model: an already built Flide model (e.g.
-            :func:`flide_ext.random_checkpoints.random_model`) to serve instead of
+            :func:`flide_ext.assets.random_checkpoints.random_model`) to serve instead of
             loading ``model_path``, which then only names it (benchmarks).
         round_capacity: most stream tokens, segments and requests per round
             (:class:`~flide_ext.runtime.rounds.RoundCapacity`); the batch methods
@@ -219,7 +219,7 @@ class Engine:
         if self._renderer is None:
             from transformers import AutoTokenizer
 
-            from ..decisions import DecisionRenderer
+            from ..protocol.decisions import DecisionRenderer
 
             try:
                 tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
@@ -384,7 +384,7 @@ class Engine:
     @_serialised
     def score_tokens_batch(self, requests: Sequence[Any]) -> List[Union[TokenAnswer, RequestError]]:
         """Answer TokenRequests in one round; bad ones get their RequestError in place."""
-        from ..decisions import label_mass, label_probabilities
+        from ..protocol.decisions import label_mass, label_probabilities
 
         parsed: List[Union[TokenRequest, RequestError]] = []
         for obj in requests:
@@ -493,7 +493,7 @@ class Engine:
             One entry per request, in order: its DecisionResponse, or the
             RequestError that kept it out of the round.
         """
-        from ..decisions import parse_decision_request
+        from ..protocol.decisions import parse_decision_request
 
         renderer = self.renderer
         prepared: list = []

@@ -37,7 +37,7 @@ import torch
 
 from ..kernels.dispatch import reference_forced
 from ..kernels.tables import TableCapacity
-from ..plan import FlatPlan, plan_round
+from ..plan.flat import FlatPlan, plan_round
 from .round_buffers import RoundBuffers, device_round
 
 logger = logging.getLogger(__name__)

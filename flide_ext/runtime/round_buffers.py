@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from ..kernels.tables import KernelTables, TableCapacity, build_tables
-from ..plan import FlatPlan
+from ..plan.flat import FlatPlan
 
 # Plan tensors the forward pass reads, padded to a capacity by pad_plan.
 _ROW_FIELDS = ("token_ids", "positions", "token_segment")

@@ -6,7 +6,7 @@ segment tables every kernel walks. Both are bounded per round (GPU buffers,
 CUDA-graph capacities), so the scheduler packs waiting requests in arrival
 order, taking every request that still fits: a request never waits behind a
 round that could have held it. A request larger than a whole round is refused
-with a :class:`~flide_ext.errors.RequestError` naming the field, never truncated.
+with a :class:`~flide_ext.protocol.errors.RequestError` naming the field, never truncated.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from ..errors import RequestError
-from ..tree import build_prefix_tree
+from ..protocol.errors import RequestError
+from ..plan.tree import build_prefix_tree
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Sequence
 
-from ..tree import build_prefix_tree
+from ..plan.tree import build_prefix_tree
 from .checkpoints import CheckpointStore
 
 STRATEGIES = ("flide", "no_fork", "prefix_cache")

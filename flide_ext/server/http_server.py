@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from sglang.srt.entrypoints.systemone.protocol import SystemOneResponse
 
-from ..errors import RequestError
+from ..protocol.errors import RequestError
 from .metrics import Metrics
 from .tokenizer_manager import SchedulerError, TokenizerManager
 

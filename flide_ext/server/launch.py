@@ -8,7 +8,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Optional
 
-from ..errors import FlideError
+from ..protocol.errors import FlideError
 
 
 @dataclass
@@ -48,7 +48,7 @@ def serve(args: ServeArgs) -> None:
     import zmq.asyncio
     from transformers import AutoTokenizer
 
-    from ..builtin_models import resolve_model_path
+    from ..assets.builtin_models import resolve_model_path
     from ..runtime.rounds import RoundCapacity
     from .http_server import ServerInfo, build_app
     from .metrics import Metrics

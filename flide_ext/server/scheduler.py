@@ -15,7 +15,7 @@ import traceback
 
 import zmq
 
-from ..errors import RequestError
+from ..protocol.errors import RequestError
 from ..runtime.rounds import RequestSize, RoundCapacity, pack_round, request_size
 from .io_struct import SchedulerReady, ScoreDone, ScoreWork
 

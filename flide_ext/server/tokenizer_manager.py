@@ -11,9 +11,9 @@ from typing import List, Optional
 import zmq
 import zmq.asyncio
 
-from ..decisions import DecisionRenderer, label_probabilities, parse_decision_request
-from ..errors import RequestError
-from ..requests import TokenRequest, check_token_request
+from ..protocol.decisions import DecisionRenderer, label_probabilities, parse_decision_request
+from ..protocol.errors import RequestError
+from ..protocol.token_requests import TokenRequest, check_token_request
 from ..runtime.rounds import RoundCapacity, request_size
 from .io_struct import ScoreDone, ScoreWork
 from .metrics import Metrics
@@ -37,7 +37,7 @@ class TokenizerManager:
 
     def __init__(self, tokenizer, context_length: int, vocab_size: int, work_addr: str, done_socket, metrics: Metrics,
                  served_model_name: str = "default", capacity: RoundCapacity = RoundCapacity()):
-        from ..systemone import SystemOneRenderer
+        from ..protocol.systemone import SystemOneRenderer
 
         self.tokenizer = tokenizer
         self.context_length = context_length
@@ -119,7 +119,7 @@ class TokenizerManager:
         """
         from sglang.srt.entrypoints.openai.protocol import ScoringRequest, ScoringResponse, UsageInfo
 
-        from ..errors import validate_model
+        from ..protocol.errors import validate_model
 
         request = validate_model(ScoringRequest, body)
         unsupported = {

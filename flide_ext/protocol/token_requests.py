@@ -11,7 +11,7 @@ from typing import List, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from .errors import RequestError, validate_model
-from .tree import MAX_TREE_DEPTH, nesting_depth
+from ..plan.tree import MAX_TREE_DEPTH, nesting_depth
 
 
 class TokenRequest(BaseModel):

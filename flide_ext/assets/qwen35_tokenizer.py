@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from .errors import ModelLoadError
+from ..protocol.errors import ModelLoadError
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"

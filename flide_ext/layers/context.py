@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from .plan import FlatPlan
+from ..plan.flat import FlatPlan
 
 
 @dataclass

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from .errors import ModelLoadError
+from ..protocol.errors import ModelLoadError
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUILTIN_MODELS = ("smollm2-135m",)

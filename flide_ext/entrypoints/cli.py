@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .errors import FlideError, RequestError
+from ..protocol.errors import FlideError, RequestError
 
 
 class CLIError(Exception):
@@ -92,7 +92,7 @@ def predicted(answer: dict) -> str:
 def run_decide(args) -> int:
     from tqdm import tqdm
 
-    from . import Engine
+    from .. import Engine
 
     if args.context_length is not None and args.context_length < 1:
         raise CLIError("--context-length must be at least 1")
@@ -154,7 +154,7 @@ def run_make_checkpoint(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from .random_checkpoints import QWEN35_SHAPES, count_parameters, qwen35_config, write_random_checkpoint
+    from ..assets.random_checkpoints import QWEN35_SHAPES, count_parameters, qwen35_config, write_random_checkpoint
 
     if args.shape not in QWEN35_SHAPES:
         raise CLIError(f"--shape {args.shape!r} is not one of {', '.join(QWEN35_SHAPES)}")
@@ -167,7 +167,7 @@ def run_make_checkpoint(args) -> int:
 
 
 def run_serve(args) -> int:
-    from .server.launch import ServeArgs, serve
+    from ..server.launch import ServeArgs, serve
 
     fields = {k: v for k, v in vars(args).items() if k in ServeArgs.__dataclass_fields__ and v is not None}
     try:

@@ -24,7 +24,7 @@ with warnings.catch_warnings():
     from sglang.srt.parser.template_detection import detect_reasoning_pattern
 
 from .errors import RequestError, validate_model
-from .tree import MAX_TREE_DEPTH, nesting_depth
+from ..plan.tree import MAX_TREE_DEPTH, nesting_depth
 
 PROMPT_FORMAT_VERSION = sgl_decisions.PROMPT_FORMAT_VERSION
 # Full-vocabulary probability of all labels: math.fsum of exp(logprob), SGLang's own.

@@ -81,7 +81,7 @@ def random_model(config, dtype: torch.dtype = torch.bfloat16, device="cpu", seed
     Raises:
         KeyError: ``config.architectures[0]`` is not a Flide model family.
     """
-    from .models import MODEL_CLASSES
+    from ..models import MODEL_CLASSES
 
     with torch.device("meta"):
         model = MODEL_CLASSES[config.architectures[0]](config)
@@ -119,7 +119,7 @@ def write_random_checkpoint(
     """
     from safetensors.torch import save_file
 
-    from .models import MODEL_CLASSES
+    from ..models import MODEL_CLASSES
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -164,7 +164,7 @@ def write_random_checkpoint(
 
 def count_parameters(config) -> int:
     """Parameters of ``config``'s architecture (tied weights once)."""
-    from .models import MODEL_CLASSES
+    from ..models import MODEL_CLASSES
 
     with torch.device("meta"):
         model = MODEL_CLASSES[config.architectures[0]](config)

@@ -60,7 +60,7 @@ def serve_args(args: argparse.Namespace):
     """Map SGLang's parsed flags onto Flide's ServeArgs."""
     import torch
 
-    from .server.launch import ServeArgs
+    from ..server.launch import ServeArgs
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = args.dtype
@@ -106,8 +106,8 @@ def _around_from_cli_args(original, *call_args, **kwargs):
     if refused:
         print(f"--decision-mode: Flide cannot honour {', '.join(refused)}; remove them", file=sys.stderr)
         sys.exit(2)
-    from .errors import FlideError
-    from .server.launch import serve
+    from ..protocol.errors import FlideError
+    from ..server.launch import serve
 
     try:
         serve(serve_args(args))
