@@ -258,8 +258,7 @@ def bench(args) -> list[dict]:
             need = max(top * (args.rounds + 1), args.latency_iters + 1)
             groups = requests_for(workload, need, config.vocab_size, args.scale, vary=args.vary)
             one = groups[:1]
-            engine.run_round(one)
-            stream = engine.last_round.stream_tokens
+            stream = engine.run_round(one).stats.stream_tokens
             floor_bytes = weight_bytes / (ceil["copy_gbps"] * 1e9)
             readouts = sum(len(p) for p, _ in one)
             floor_flops = flops_per_request(config, stream, readouts) / (ceil["matmul_tflops"] * 1e12)
@@ -294,13 +293,12 @@ def bench(args) -> list[dict]:
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats()
                 lat = timed_batches(run, [[g] for g in groups[:args.latency_iters + 1]], device)
-                if method != "hf":
-                    run(one)  # untimed: the row's token counts are the first request's
+                counted = run(one) if method != "hf" else None  # untimed: the row's token counts are the first request's
                 questions = sum(len(p) for p, _ in one)
                 row = {"model": model_name, "workload": workload, "kind": "method", "method": method,
                        "questions_per_request": questions,
                        "prompt_tokens": sum(len(p) for prompts, _ in one for p in prompts),
-                       "stream_tokens": engine.last_round.stream_tokens if method != "hf" else None,
+                       "stream_tokens": counted.stats.stream_tokens if counted is not None else None,
                        "p50_ms": 1e3 * statistics.median(lat),
                        "p99_ms": 1e3 * sorted(lat)[min(len(lat) - 1, int(0.99 * len(lat)))]}
                 for c in concurrencies:

@@ -66,7 +66,7 @@ def compare(name: str, got, want, **facts) -> None:
 
 def answers(engine, groups, mode: str):
     engine.graphs.mode = mode
-    return engine.run_round(groups)
+    return engine.run_round(groups)  # a RoundResult
 
 
 def main(argv=None) -> int:
@@ -108,10 +108,10 @@ def main(argv=None) -> int:
             by_cost = runner.eager_by_cost  # before this round: the last round's choice below
             torch.cuda.synchronize()
             t1 = time.perf_counter()
-            engine.run_round([g])
+            result = engine.run_round([g])
             totals.append(1e3 * (time.perf_counter() - t1))
             hosts.append(runner.last_host_ms)
-        used = engine.last_graph
+        used = result.graph
         # A graph, unless the runner's cost model sent the round eagerly because
         # its own estimate beat the padded graph's measured replay (large rounds).
         eager_chosen = used is None and runner.eager_by_cost > by_cost
@@ -119,18 +119,19 @@ def main(argv=None) -> int:
                eager_by_cost_model=eager_chosen, p50_ms=sorted(totals)[6],
                host_tables_ms=sorted(hosts)[6], graph=[used.tokens, used.segments] if used else None,
                graph_replay_ms=runner._graphs[used].replay_ms if used else None,
-               stream_tokens=engine.last_round.stream_tokens, launch_ms=runner.launch_ms)
+               stream_tokens=result.stats.stream_tokens, launch_ms=runner.launch_ms)
     for workload in args.workloads:
         for vary in (False, True):
             for count in (1, 8) if workload == "quality" else (1, 8, 64):
                 groups = requests_for(workload, count, config.vocab_size, 1.0, seed=count, vary=vary)
                 eager = answers(engine, groups, "off")
                 flat = answers(engine, groups, "flat")
-                used = engine.last_graph
-                compare(f"{workload}{' varied' if vary else ''} x{count} flat graphs vs eager", flat, eager,
+                used = flat.graph
+                compare(f"{workload}{' varied' if vary else ''} x{count} flat graphs vs eager", flat.answers, eager.answers,
                         graph=[used.tokens, used.segments] if used else None)
                 shaped = answers(engine, groups, "per_shape")
-                compare(f"{workload}{' varied' if vary else ''} x{count} per-shape graphs vs eager", shaped, eager)
+                compare(f"{workload}{' varied' if vary else ''} x{count} per-shape graphs vs eager", shaped.answers,
+                        eager.answers)
                 runner._shaped.clear()  # each holds its own output buffer
                 torch.cuda.empty_cache()
                 if count == 64:
@@ -149,8 +150,9 @@ def main(argv=None) -> int:
                     padded = engine.run_round(groups)
                 finally:
                     runner.capacities = saved
-                stream = engine.last_round.stream_tokens
-                compare(f"{workload}{' varied' if vary else ''} x{count} in the largest graph vs eager", padded, eager,
+                stream = padded.stats.stream_tokens
+                compare(f"{workload}{' varied' if vary else ''} x{count} in the largest graph vs eager", padded.answers,
+                        eager.answers,
                         stream_tokens=stream, padding_rows=largest.tokens - stream)
     record("rounds", True, replays=runner.replays, eager_rounds=runner.eager_rounds,
            eager_by_cost=runner.eager_by_cost, captures=runner.captures)

@@ -138,13 +138,13 @@ def main(argv=None) -> int:
     cuda = device.type == "cuda"
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     with torch.profiler.profile(activities=activities) as prof:
-        engine.run_round(groups[1:2])
+        profiled = engine.run_round(groups[1:2])
         if cuda:
             torch.cuda.synchronize()
     rows = kernel_table(prof, cuda)
     total = sum(r["total_us"] for r in rows)
-    graph = engine.last_graph
-    print(f"{args.model} {args.workload}: {engine.last_round.stream_tokens} stream tokens, "
+    graph = profiled.graph
+    print(f"{args.model} {args.workload}: {profiled.stats.stream_tokens} stream tokens, "
           f"graph {[graph.tokens, graph.segments] if graph else None}, {len(rows)} kernel names, "
           f"{sum(r['calls'] for r in rows)} calls, {total / 1e3:.2f} ms in all")
     for r in rows[: args.top]:
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
         print(f"fla configurations of {dump(args.dump_fla_configs)} kernels written to {args.dump_fla_configs}")
     if args.out:
         Path(args.out).write_text(json.dumps({"model": args.model, "workload": args.workload, "graphs": args.graphs,
-                                              "stream_tokens": engine.last_round.stream_tokens, "kernels": rows,
+                                              "stream_tokens": profiled.stats.stream_tokens, "kernels": rows,
                                               "operators": ops, "wall_breakdown": breakdown}, indent=1))
     return 0
 

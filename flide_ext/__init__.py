@@ -7,22 +7,26 @@ one flat token stream in which every question sees exactly its own prompt.
 from .protocol.errors import FlideError, ModelLoadError, RequestError
 from .plan.flat import FlatPlan, plan_round
 from .protocol.token_requests import TokenAnswer, TokenRequest
-from .runtime.engine import Engine, RoundStats
-from .runtime.rounds import RoundCapacity
+from .runtime.capacity import RoundCapacity
+from .runtime.engine import Engine
+from .runtime.round_result import BatchAnswers, RoundResult, RoundStats
+from .version import __version__
 
 __all__ = [
+    "BatchAnswers",
     "Engine",
     "FlatPlan",
     "FlideError",
     "ModelLoadError",
     "RequestError",
     "RoundCapacity",
+    "RoundResult",
     "RoundStats",
     "TokenAnswer",
     "TokenRequest",
+    "__version__",
     "plan_round",
 ]
-__version__ = "0.1.0"
 
 try:  # sgl.decide for SGLang's frontend language, where SGLang is installed
     from .entrypoints.lang import register as _register_decide

@@ -27,7 +27,7 @@ def assert_exact(engine, hf, requests, check_hf=True):
     """Answer ``requests`` as one round; every question must match itself alone
     (1e-5) and transformers (1e-4) with the same argmax. Returns the round's stats."""
     answers = engine.score_tokens_batch(requests)
-    stats = engine.last_round
+    stats = answers.stats
     for request, answer in zip(requests, answers):
         assert len(answer.label_logprobs) == len(request["prompts"])
         for i, (prompt, forked) in enumerate(zip(request["prompts"], answer.label_logprobs)):

@@ -73,7 +73,7 @@ def test_bad_requests_leave_the_round_unharmed(engine):
     assert [isinstance(r, RequestError) for r in results] == [True, False, True, True, False]
     for got, want in zip([results[1], results[4]], alone):
         assert got.model_dump() == want.model_dump()
-    assert engine.last_round.requests == 2
+    assert results.stats.requests == 2
 
 
 TOKEN_BAD = {

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from flide_ext.kernels import fork_attention_ref
+from flide_ext.kernels.fork_attention import fork_attention_ref
 from flide_ext.plan.flat import plan_round
 
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flide_ext.kernels import dispatch
-from flide_ext.kernels.causal_conv1d import causal_conv1d_ref, causal_conv1d_tree_ref
-from flide_ext.kernels.causal_conv1d_triton import causal_conv1d_tree_triton
-from flide_ext.kernels.fork_attention_triton import _build_metadata
+from flide_ext.kernels.causal_conv1d import causal_conv1d_ref, causal_conv1d_tree, causal_conv1d_tree_ref
+from flide_ext.kernels.causal_conv1d.kernel import causal_conv1d_tree_triton
+from flide_ext.kernels.fork_attention.kernel import _build_metadata
 from flide_ext.kernels.tables import TableCapacity, build_tables, conv_history
 from flide_ext.plan.flat import Resume, plan_round
 from flide_ext.runtime.graph_runner import (
@@ -132,7 +131,7 @@ def test_tree_conv_equals_level_conv_and_triton():
     assert bool((fast[T:] == 0).all())  # padding rows
     # Other tile shapes (the sweep's) and a strided input (the q/k/v columns of a
     # stacked projection): the same taps in the same order, the same outputs.
-    import flide_ext.kernels.causal_conv1d_triton as cct
+    import flide_ext.kernels.causal_conv1d.kernel as cct
 
     wide = torch.cat([x, torch.randn(T + 3, 7, generator=gen)], dim=1)[:, :C]
     for cfg in [(16, 32, 4), (8, 64, 2)]:
@@ -163,10 +162,10 @@ def test_tree_conv_equals_level_conv_and_triton():
         assert torch.equal(torch.cat(parts, 1), fast)
     for bad in ([40, 1], [20, 10, 5, 5], [0, 40], [41], [16.0, 16, 8], torch.tensor([16, 16, 8])):
         with pytest.raises(ValueError, match="split"):
-            causal_conv1d_tree_ref(x, weight, bias, pool.clone(), token_segment, seg_start, seg_len, history,
-                                   history_slot, final, split=bad)
+            causal_conv1d_tree(x, weight, bias, pool.clone(), token_segment, seg_start, seg_len, history,
+                               history_slot, final, split=bad, backend="reference")
         with pytest.raises(ValueError, match="split"):
-            causal_conv1d_tree_triton(x, weight, bias, pool.clone(), *tabs, split=bad)
+            causal_conv1d_tree(x, weight, bias, pool.clone(), *tabs, split=bad, backend="triton")
 
 
 def _logprobs(model, plan, pool):
@@ -194,9 +193,9 @@ def test_padded_round_gives_the_same_answers(tiny_dirs, family):
     assert torch.equal(got[:R], want)
     assert torch.isfinite(got).all()
     spec = TableSpec.of(model, torch.float32)
-    with dispatch.force_triton():
-        exact = _logprobs(model, device_round(plan, spec, "cpu"), pool)
-        wide = _logprobs(model, device_round(plan, spec, "cpu", cap, 12), pool)
+    model.set_kernel_backend("triton")  # this engine's own model, for the rest of the test
+    exact = _logprobs(model, device_round(plan, spec, "cpu"), pool)
+    wide = _logprobs(model, device_round(plan, spec, "cpu", cap, 12), pool)
     torch.testing.assert_close(exact, want, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(wide[:R], exact, rtol=1e-5, atol=1e-5)
     assert torch.isfinite(wide).all()
@@ -215,10 +214,10 @@ def test_reused_buffers_forget_the_last_round(tiny_dirs):
     big = _planned(model, *_round(seed=5, state=120))
     small = _planned(model, [0, 0], [[5, 6, 7, 8, 9, 10], [5, 6, 7, 11]])
     buffers = RoundBuffers("cpu")
-    with dispatch.force_triton():
-        _logprobs(model, device_round(big, spec, "cpu", cap, 12, buffers), pool)
-        reused = _logprobs(model, device_round(small, spec, "cpu", cap, 12, buffers), pool)
-        fresh = _logprobs(model, device_round(small, spec, "cpu", cap, 12), pool)
+    model.set_kernel_backend("triton")
+    _logprobs(model, device_round(big, spec, "cpu", cap, 12, buffers), pool)
+    reused = _logprobs(model, device_round(small, spec, "cpu", cap, 12, buffers), pool)
+    fresh = _logprobs(model, device_round(small, spec, "cpu", cap, 12), pool)
     assert torch.equal(reused[:2], fresh[:2])
     with pytest.raises(ValueError, match="layout"):
         device_round(small, spec, "cpu", TableCapacity(tokens=100, segments=12, levels=3), 12, buffers)
@@ -308,19 +307,18 @@ def test_runner_without_graphs_answers_as_the_engine(tiny_dirs):
 
 def test_graphs_need_triton_kernels_and_fla_for_gdn(tiny_dirs):
     """Graphs are only captured where every kernel can run inside one: not with
-    forced references (they read tables on the host), not for GDN models
+    the reference backend (it reads tables on the host), not for GDN models
     without fla-core (the levels are then sized on the host)."""
     from flide_ext import Engine
-    from flide_ext.kernels.gated_delta_rule_triton import fla_available
+    from flide_ext.kernels.gated_delta_rule.fla_steps import fla_available
     from flide_ext.runtime.graph_runner import graphs_supported
 
     hybrid, dense = Engine(str(tiny_dirs["qwen3_5"])).model, Engine(str(tiny_dirs["qwen3"])).model
     assert graphs_supported(dense)
     assert graphs_supported(hybrid) == fla_available()
-    with dispatch.force_reference():
-        assert not graphs_supported(dense)
-        runner = GraphRunner(dense, None, [GraphCapacity(256, 16)], mode="flat")
-    assert runner.mode == "off"
+    dense.set_kernel_backend("reference")
+    assert not graphs_supported(dense)
+    assert GraphRunner(dense, None, [GraphCapacity(256, 16)], mode="flat").mode == "off"
 
 
 def test_round_buffers_copy_any_dtype():

@@ -68,10 +68,11 @@ def test_checkpoint_then_resume_equals_one_call(family, split, tiny_engines):
     one_call = engine.score_tokens({"prompts": prompts, "label_token_ids": labels}).label_logprobs
     first = engine.score_tokens({"prompts": [history[:split]], "label_token_ids": labels, "checkpoint": True})
     assert first.checkpoint_tokens == split
-    resumed = engine.score_tokens({"prompts": prompts, "label_token_ids": labels})
+    batch = engine.score_tokens_batch([{"prompts": prompts, "label_token_ids": labels}])
+    resumed = batch[0]
     assert resumed.resumed_tokens == split
     computed = sum(len(p) for p in prompts) - len(prompts) * len(history) + (len(history) - split)
-    assert engine.last_round.stream_tokens == computed
+    assert batch.stats.stream_tokens == computed
     for a, b in zip(resumed.label_logprobs, one_call):
         assert max(abs(x - y) for x, y in zip(a, b)) <= 1e-5
     engine.clear_checkpoints()

@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import flide_ext.kernels.causal_conv1d_triton as conv
-import flide_ext.kernels.fork_attention_triton as fat
-import flide_ext.kernels.gated_delta_rule_triton as gdt
+import flide_ext.kernels.causal_conv1d.kernel as conv
+import flide_ext.kernels.fork_attention.kernel as fat
+import flide_ext.kernels.gated_delta_rule.recurrent_kernel as gdr
+import flide_ext.kernels.gated_delta_rule.states_kernel as gds
 from flide_ext.plan.flat import plan_round
 
 POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
@@ -115,15 +116,15 @@ def test_conv1d_and_gated_delta_rule_compile_for_h200(monkeypatch):
     for level in levels:
         conv.causal_conv1d_triton(x, torch.zeros(C, 4, dtype=torch.bfloat16), None, pool, *level, "silu")
 
-    rec_rec = record(monkeypatch, gdt, "_recurrent_kernel")
-    rec_states = record(monkeypatch, gdt, "_chunk_states_kernel")
+    rec_rec = record(monkeypatch, gdr, "_recurrent_kernel")
+    rec_states = record(monkeypatch, gds, "_chunk_states_kernel")
     q = torch.zeros(T, H, K, dtype=torch.bfloat16)
     v = torch.zeros(T, HV, V, dtype=torch.bfloat16)
     g, beta = torch.zeros(T, HV), torch.zeros(T, HV, dtype=torch.bfloat16)
     states = torch.zeros(plan.num_segments, HV, K, V)
-    gdt.recurrent_gated_delta_rule_triton(q, q, v, g, beta, K**-0.5, states, *levels[0])
+    gdr.recurrent_gated_delta_rule_triton(q, q, v, g, beta, K**-0.5, states, *levels[0])
     cu = torch.tensor([0, 64, T])
-    gdt.chunk_states_triton(q, q.repeat_interleave(2, dim=1), v, g, states, cu, torch.tensor([0, 1, 3]),
+    gds.chunk_states_triton(q, q.repeat_interleave(2, dim=1), v, g, states, cu, torch.tensor([0, 1, 3]),
                             torch.tensor([-1, 0], dtype=torch.int32), torch.tensor([1, 2], dtype=torch.int32))
     assert _compiled(rec_conv, rec_rec, rec_states) == [len(levels), 1, 1]
 
@@ -150,21 +151,21 @@ def test_table_driven_kernels_compile_for_h200(monkeypatch):
                                              tables.conv_history, tables.history_slot, tables.final_slot,
                                              split=[H * K, H * K, HV * V])
     assert q.is_contiguous() and v.shape == (T, HV * V)
-    rec_states = record(monkeypatch, gdt, "_chunk_states_kernel")
+    rec_states = record(monkeypatch, gds, "_chunk_states_kernel")
     k = torch.zeros(T, H, K, dtype=torch.bfloat16)
     w = torch.zeros(T, HV, K, dtype=torch.bfloat16)
     u = torch.zeros(T, HV, V, dtype=torch.bfloat16)
     h = torch.zeros(cap.chunks, HV, K, V, dtype=torch.bfloat16)
     states = torch.zeros(plan.num_segments, HV, K, V)
-    gdt.chunk_states_levels_triton(k, w, u, torch.zeros(T, HV), states, h, torch.empty_like(u), tables)
+    gds.chunk_states_levels_triton(k, w, u, torch.zeros(T, HV), states, h, torch.empty_like(u), tables)
     assert _compiled(rec_conv, rec_window, rec_states) == [1, 1, cap.levels]
 
 
 def test_norm_and_gate_kernels_compile_for_h200(monkeypatch):
     """Every RMSNorm variant a supported model launches (hidden rows, per-head q/k
     views, the gated GDN output norm) and the GDN gates."""
-    import flide_ext.kernels.gdn_gate_triton as gate
-    import flide_ext.kernels.rms_norm_triton as norm
+    import flide_ext.kernels.gdn_gate.kernel as gate
+    import flide_ext.kernels.rms_norm.kernel as norm
 
     rec_norm = record(monkeypatch, norm, "_rms_norm_kernel")
     bf16 = dict(dtype=torch.bfloat16)
@@ -187,7 +188,7 @@ def test_norm_and_gate_kernels_compile_for_h200(monkeypatch):
 
 def test_silu_mul_compiles_for_h200(monkeypatch):
     """The gated MLP's fused product over the halves of one stacked projection."""
-    import flide_ext.kernels.silu_mul_triton as sm
+    import flide_ext.kernels.silu_mul.kernel as sm
 
     rec = record(monkeypatch, sm, "_silu_mul_kernel")
     gu = torch.zeros(40, 2 * 9216, dtype=torch.bfloat16)
@@ -198,7 +199,7 @@ def test_silu_mul_compiles_for_h200(monkeypatch):
 def test_rotary_compiles_for_h200(monkeypatch):
     """Qwen3.5's partial rotary (64 of 256 features, q as a head split of the gated
     q_proj) and a full rotary of 128-feature heads."""
-    import flide_ext.kernels.rotary_triton as rt
+    import flide_ext.kernels.rotary.kernel as rt
 
     rec = record(monkeypatch, rt, "_rotary_kernel")
     bf16 = dict(dtype=torch.bfloat16)

@@ -3,6 +3,7 @@
 and the references against the Hugging Face modules they stand for."""
 
 import os
+from functools import partial
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -10,11 +11,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from flide_ext.kernels import dispatch  # noqa: E402
 from flide_ext.kernels.gdn_gate import gdn_gate, gdn_gate_ref  # noqa: E402
-from flide_ext.kernels.gdn_gate_triton import gdn_gate_triton  # noqa: E402
+from flide_ext.kernels.gdn_gate.kernel import gdn_gate_triton  # noqa: E402
 from flide_ext.kernels.rms_norm import MAX_TRITON_WIDTH, rms_norm, rms_norm_ref  # noqa: E402
-from flide_ext.kernels.rms_norm_triton import as_rows, rms_norm_triton  # noqa: E402
+from flide_ext.kernels.rms_norm.kernel import as_rows, rms_norm_triton  # noqa: E402
 
 
 def _hf_norms():
@@ -88,7 +88,7 @@ def test_rms_norm_triton_strided_views_and_float32_weights():
 
 def test_rms_norm_refuses_bad_arguments():
     x = torch.randn(3, 8)
-    for fn in (rms_norm_ref, rms_norm_triton):
+    for fn in (partial(rms_norm, backend="reference"), partial(rms_norm, backend="triton")):
         with pytest.raises(ValueError, match="mode"):
             fn(x, torch.ones(8), 1e-6, "layer")
         with pytest.raises(ValueError, match="weight shape"):
@@ -107,19 +107,19 @@ def test_dispatch_runs_the_kernels_only_when_asked(monkeypatch):
     A_log, dt = torch.randn(6, generator=gen), torch.randn(6, generator=gen)
     assert torch.equal(rms_norm(x, w, 1e-6), rms_norm_ref(x, w, 1e-6))
     assert all(torch.equal(p, q) for p, q in zip(gdn_gate(a, b, A_log, dt), gdn_gate_ref(a, b, A_log, dt)))
-    with dispatch.force_triton():
-        torch.testing.assert_close(rms_norm(x, w, 1e-6), rms_norm_ref(x, w, 1e-6), rtol=1e-5, atol=1e-5)
-        # Rows wider than one program holds take the reference.
-        calls = []
-        monkeypatch.setattr("flide_ext.kernels.rms_norm_triton.rms_norm_triton",
-                            lambda *a, **k: calls.append(a) or rms_norm_ref(*a, **k))
-        wide = torch.randn(2, MAX_TRITON_WIDTH + 1, generator=gen)
-        ones = torch.ones(MAX_TRITON_WIDTH + 1)
-        assert torch.equal(rms_norm(wide, ones, 1e-6), rms_norm_ref(wide, ones, 1e-6)) and not calls
-        rms_norm(x, w, 1e-6)
-        assert len(calls) == 1
-        for p, q in zip(gdn_gate(a, b, A_log, dt), gdn_gate_ref(a, b, A_log, dt)):
-            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    # The Triton backend on CPU tensors: the interpreted kernels.
+    torch.testing.assert_close(rms_norm(x, w, 1e-6, backend="triton"), rms_norm_ref(x, w, 1e-6), rtol=1e-5, atol=1e-5)
+    # Rows wider than one program holds take the reference.
+    calls = []
+    monkeypatch.setattr("flide_ext.kernels.rms_norm.kernel.rms_norm_triton",
+                        lambda *a, **k: calls.append(a) or rms_norm_ref(*a, **k))
+    wide = torch.randn(2, MAX_TRITON_WIDTH + 1, generator=gen)
+    ones = torch.ones(MAX_TRITON_WIDTH + 1)
+    assert torch.equal(rms_norm(wide, ones, 1e-6, backend="triton"), rms_norm_ref(wide, ones, 1e-6)) and not calls
+    rms_norm(x, w, 1e-6, backend="triton")
+    assert len(calls) == 1
+    for p, q in zip(gdn_gate(a, b, A_log, dt, "triton"), gdn_gate_ref(a, b, A_log, dt)):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -146,7 +146,7 @@ def test_gdn_gate_triton_matches_reference(dtype):
 
 def test_gdn_gate_refuses_bad_shapes():
     a = torch.randn(4, 6)
-    for fn in (gdn_gate_ref, gdn_gate_triton):
+    for fn in (partial(gdn_gate, backend="reference"), partial(gdn_gate, backend="triton")):
         with pytest.raises(ValueError, match="must both be"):
             fn(a, a[:, :5], torch.zeros(6), torch.zeros(6))
         with pytest.raises(ValueError, match="A_log"):
@@ -175,11 +175,10 @@ def test_strided_parameters_float64_and_scalars():
         rms_norm_triton(x, wd, 1e-6)
     with pytest.raises(ValueError, match="b dtype torch.float64"):
         gdn_gate_triton(a, b.double(), A_log, dt)
-    with dispatch.force_triton():
-        assert torch.equal(rms_norm(xd, wd, 1e-6), rms_norm_ref(xd, wd, 1e-6))
-        assert torch.equal(rms_norm(x, wd, 1e-6), rms_norm_ref(x, wd, 1e-6))
-        assert all(torch.equal(p, q) for p, q in zip(gdn_gate(a, b.double(), A_log, dt),
-                                                      gdn_gate_ref(a, b.double(), A_log, dt)))
+    assert torch.equal(rms_norm(xd, wd, 1e-6, backend="triton"), rms_norm_ref(xd, wd, 1e-6))
+    assert torch.equal(rms_norm(x, wd, 1e-6, backend="triton"), rms_norm_ref(x, wd, 1e-6))
+    assert all(torch.equal(p, q) for p, q in zip(gdn_gate(a, b.double(), A_log, dt, "triton"),
+                                                  gdn_gate_ref(a, b.double(), A_log, dt)))
     with pytest.raises(ValueError, match="at least one dimension"):
         rms_norm(torch.tensor(2.0), torch.ones(()), 1e-6)
 
@@ -217,8 +216,7 @@ def test_residual_add_inside_the_norm(mode, dtype):
         # nearest even: an ulp in the sum, and the norm's tolerance above it.
         torch.testing.assert_close(got_total.float(), total.float(), rtol=2 ** -7, atol=2 ** -7)
         torch.testing.assert_close(got_y.float(), y.float(), rtol=2 ** -5, atol=2 ** -5)
-    with dispatch.force_triton():
-        d_y, d_total = rms_norm(x, w, 1e-6, mode, residual=res)
+    d_y, d_total = rms_norm(x, w, 1e-6, mode, residual=res, backend="triton")
     assert torch.equal(d_y, got_y) and torch.equal(d_total, got_total)
     c_y, c_total = rms_norm(x, w, 1e-6, mode, residual=res)  # CPU: the reference
     assert torch.equal(c_y, y) and torch.equal(c_total, total)
@@ -226,7 +224,7 @@ def test_residual_add_inside_the_norm(mode, dtype):
 
 def test_residual_refusals():
     x, w = torch.randn(3, 8), torch.ones(8)
-    for fn in (rms_norm_ref, rms_norm_triton):
+    for fn in (partial(rms_norm, backend="reference"), partial(rms_norm, backend="triton")):
         with pytest.raises(ValueError, match="residual is not supported with a gate"):
             fn(x, w, 1e-6, "cast", gate=x, residual=x)
         with pytest.raises(ValueError, match="residual"):

@@ -3,15 +3,15 @@ set by conftest.py) against its PyTorch reference, and the reference against
 transformers' own rotary of the same checkpoints."""
 
 import os
+from functools import partial
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from flide_ext.kernels import dispatch  # noqa: E402
 from flide_ext.kernels.rotary import rotary, rotary_ref  # noqa: E402
-from flide_ext.kernels.rotary_triton import rotary_triton  # noqa: E402
+from flide_ext.kernels.rotary.kernel import rotary_triton  # noqa: E402
 
 
 def _tables(T, R, dtype, gen, theta=1e4):
@@ -58,7 +58,7 @@ def test_triton_matches_reference(dtype, T, H, D, R):
 def test_refuses_bad_arguments():
     x = torch.randn(3, 2, 8)
     cos = torch.randn(3, 4)
-    for fn in (rotary_ref, rotary_triton):
+    for fn in (partial(rotary, backend="reference"), partial(rotary, backend="triton")):
         with pytest.raises(ValueError, match=r"\[T, H, D\]"):
             fn(x[0], cos, cos)
         with pytest.raises(ValueError, match="must both be"):
@@ -78,7 +78,6 @@ def test_dispatch():
     x = torch.randn(4, 2, 16, generator=gen)
     cos, sin = _tables(4, 8, torch.float32, gen)
     assert torch.equal(rotary(x, cos, sin), rotary_ref(x, cos, sin))
-    with dispatch.force_triton():
-        assert torch.equal(rotary(x, cos, sin), rotary_ref(x, cos, sin))
-        d = x.double()
-        assert torch.equal(rotary(d, cos.double(), sin.double()), rotary_ref(d, cos.double(), sin.double()))
+    assert torch.equal(rotary(x, cos, sin, backend="triton"), rotary_ref(x, cos, sin))
+    d = x.double()
+    assert torch.equal(rotary(d, cos.double(), sin.double(), "triton"), rotary_ref(d, cos.double(), sin.double()))

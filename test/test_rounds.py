@@ -56,7 +56,7 @@ def test_engine_splits_batches_into_rounds_and_refuses_oversized(tiny_dirs):
     big = {"prompts": [list(range(3, 80))], "label_token_ids": [1]}
     wide = Engine(str(tiny_dirs["qwen3_5"]))
     want = wide.score_tokens_batch(requests)
-    assert wide.last_round.requests == 5
+    assert want.stats.requests == 5
     narrow = Engine(str(tiny_dirs["qwen3_5"]), round_capacity=RoundCapacity(tokens=70, segments=6))
     rounds, run_round = [], narrow.run_round
     narrow.run_round = lambda groups, keep=None: rounds.append(len(groups)) or run_round(groups, keep)
@@ -68,4 +68,4 @@ def test_engine_splits_batches_into_rounds_and_refuses_oversized(tiny_dirs):
     # 34 tokens in 3 segments each: two per round, so three rounds, and the
     # batch's stats are the rounds' together.
     assert rounds == [2, 2, 1]
-    assert narrow.last_round.requests == 5 and narrow.last_round.stream_tokens == wide.last_round.stream_tokens
+    assert got.stats.requests == 5 and got.stats.stream_tokens == want.stats.stream_tokens

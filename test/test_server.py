@@ -270,7 +270,7 @@ def test_systemone_route(server, engine):
     renderer = SystemOneRenderer(engine.renderer, "any")
     request = renderer.parse(body)
     views, encoded = renderer.encode(request)
-    logprobs = engine.run_round([([q.prompt_ids for q in encoded], [q.label_ids for q in encoded])])[0]
+    logprobs = engine.run_round([([q.prompt_ids for q in encoded], [q.label_ids for q in encoded])]).answers[0]
     want = renderer.respond(request, views, encoded, logprobs).model_dump()
     for qid in ("mood", "level"):
         for name, p in want["answers"][qid]["probabilities"].items():

@@ -3,6 +3,7 @@
 reference against torch's two ops, and the gated MLP that uses it."""
 
 import os
+from functools import partial
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -10,9 +11,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from flide_ext.kernels import dispatch  # noqa: E402
 from flide_ext.kernels.silu_mul import silu_mul, silu_mul_ref  # noqa: E402
-from flide_ext.kernels.silu_mul_triton import silu_mul_triton  # noqa: E402
+from flide_ext.kernels.silu_mul.kernel import silu_mul_triton  # noqa: E402
 
 
 def _halves(T, I, dtype, seed):
@@ -71,7 +71,7 @@ def test_triton_extremes_and_layouts():
 
 def test_refuses_bad_arguments():
     x = torch.randn(3, 8)
-    for fn in (silu_mul_ref, silu_mul_triton):
+    for fn in (partial(silu_mul, backend="reference"), partial(silu_mul, backend="triton")):
         with pytest.raises(ValueError, match="must both be"):
             fn(x, x[:2])
         with pytest.raises(ValueError, match="must both be"):
@@ -94,9 +94,9 @@ def test_dispatch_and_the_gated_mlp():
         plain = mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
     with torch.inference_mode():
         fused = mlp(x)
-        with dispatch.force_triton():
-            assert torch.equal(silu_mul(gate.double(), up.double()), silu_mul_ref(gate.double(), up.double()))
-            triton_mlp = mlp(x)
+        assert torch.equal(silu_mul(gate.double(), up.double(), "triton"), silu_mul_ref(gate.double(), up.double()))
+        mlp.backend = "triton"
+        triton_mlp = mlp(x)
     torch.testing.assert_close(fused, plain, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(triton_mlp, fused, rtol=1e-6, atol=1e-7)
     # Another activation keeps torch's two ops.
@@ -109,7 +109,6 @@ def test_dispatch_and_the_gated_mlp():
 
 def test_refuses_integer_inputs():
     x = torch.ones(2, 3, dtype=torch.int32)
-    with pytest.raises(ValueError, match="floating-point"):
-        silu_mul_ref(x, x)
-    with pytest.raises(ValueError, match="floating-point"):
-        silu_mul_triton(x, x)
+    for backend in ("reference", "triton"):
+        with pytest.raises(ValueError, match="floating-point"):
+            silu_mul(x, x, backend)

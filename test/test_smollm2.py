@@ -27,13 +27,13 @@ def test_round_equals_alone_and_transformers(smollm2_engine, smollm2_hf):
     requests = example_requests()
     encoded = [engine.renderer.encode(_parse(r)) for r in requests]
     groups = [([q.prompt_ids for q in enc], [q.label_ids for q in enc]) for enc in encoded]
-    forked = engine.run_round(groups)
-    stats = engine.last_round
+    result = engine.run_round(groups)
+    forked, stats = result.answers, result.stats
     assert stats.questions == sum(len(r["questions"]) for r in requests) >= 60
     assert stats.stream_tokens < stats.prompt_tokens
     for enc, answers in zip(encoded, forked):
         for q, lp in zip(enc, answers):
-            alone = engine.run_round([([q.prompt_ids], [q.label_ids])])[0][0]
+            alone = engine.run_round([([q.prompt_ids], [q.label_ids])]).answers[0][0]
             ref = hf_label_logprobs(smollm2_hf, q.prompt_ids, q.label_ids)
             assert max(abs(a - b) for a, b in zip(lp, alone)) <= 1e-5
             assert max(abs(a - b) for a, b in zip(lp, ref)) <= 1e-4
@@ -46,7 +46,7 @@ def test_decision_response_carries_the_round_numbers(smollm2_engine):
     responses = engine.decide_batch(requests)
     for request, response in zip(requests, responses):
         enc = engine.renderer.encode(_parse(request))
-        logprobs = engine.run_round([([q.prompt_ids for q in enc], [q.label_ids for q in enc])])[0]
+        logprobs = engine.run_round([([q.prompt_ids for q in enc], [q.label_ids for q in enc])]).answers[0]
         assert list(response.answers) == [q["id"] for q in request["questions"]]
         for question, lp in zip(request["questions"], logprobs):
             answer = response.answers[question["id"]]

@@ -34,34 +34,35 @@ def test_cached_length():
 def test_strategies_answer_alike(tiny_dirs, family, monkeypatch):
     engine = Engine(str(tiny_dirs[family]))
     groups = _groups()
-    want = run_strategy(engine, groups, "flide")
-    stream = engine.last_round.stream_tokens
+    flide = run_strategy(engine, groups, "flide")
+    want, stream = flide.answers, flide.stats.stream_tokens
     for strategy in STRATEGIES[1:]:
-        got = run_strategy(engine, groups, strategy)
+        result = run_strategy(engine, groups, strategy)
+        got = result.answers
         for g_req, w_req in zip(got, want):
             for g, w in zip(g_req, w_req):
                 torch.testing.assert_close(torch.tensor(g), torch.tensor(w), rtol=1e-5, atol=1e-5)
         assert len(engine.checkpoints) == 0  # the strategy's cache entries are gone
         if strategy == "prefix_cache":  # every question resumed from its request's cached state
             recurrent = engine.model.num_gdn_layers > 0
-            assert engine.last_round.resumed_tokens == sum(
+            assert result.stats.resumed_tokens == sum(
                 cached_length(prompts, recurrent) * len(prompts) for prompts, _ in groups) > 0
             # Tokens computed: each cached state once, then every question's uncached rest.
-            assert engine.last_round.stream_tokens == sum(
+            assert result.stats.stream_tokens == sum(
                 cached_length(prompts, recurrent) + sum(len(p) - cached_length(prompts, recurrent) for p in prompts)
                 for prompts, _ in groups)
     # no_fork recomputes every state per question: more stream tokens than Flide.
-    run_strategy(engine, groups, "no_fork")
-    assert engine.last_round.stream_tokens == sum(len(p) for prompts, _ in groups for p in prompts) > stream
+    no_fork = run_strategy(engine, groups, "no_fork")
+    assert no_fork.stats.stream_tokens == sum(len(p) for prompts, _ in groups for p in prompts) > stream
     engine.model.selective_readout = False
-    full = run_strategy(engine, groups, "flide")
+    full = run_strategy(engine, groups, "flide").answers
     assert full == want
     # In blocks of 7 rows (readout rows spread over many blocks): still the same answers.
     from flide_ext.models.base import FlatCausalLM
 
     blocked = FlatCausalLM._full_readout
     monkeypatch.setattr(FlatCausalLM, "_full_readout", lambda self, h, rows: blocked(self, h, rows, block=7))
-    assert run_strategy(engine, groups, "flide") == want
+    assert run_strategy(engine, groups, "flide").answers == want
     with pytest.raises(ValueError, match="strategy 'paged'"):
         run_strategy(engine, groups, "paged")
 
@@ -75,9 +76,9 @@ def test_prefix_cache_keeps_user_checkpoints(tiny_dirs):
     engine.run_round([user], [True])
     kept = set(engine.checkpoints.entries)
     assert len(kept) == 1
-    run_strategy(engine, groups, "prefix_cache")
+    result = run_strategy(engine, groups, "prefix_cache")
     assert set(engine.checkpoints.entries) == kept
-    assert engine.last_round.resumed_tokens == sum(cached_length(p, True) * len(p) for p, _ in groups) > 0
+    assert result.stats.resumed_tokens == sum(cached_length(p, True) * len(p) for p, _ in groups) > 0
     with pytest.raises(ValueError, match="grid must be a positive integer"):
         run_strategy(engine, groups, "prefix_cache", grid=2.5)
-    assert run_strategy(engine, [([], [])] + groups, "prefix_cache")[0] == []
+    assert run_strategy(engine, [([], [])] + groups, "prefix_cache").answers[0] == []

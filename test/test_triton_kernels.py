@@ -10,6 +10,7 @@ does) and is kept out of CPU environments; it is covered by that GPU run.
 """
 
 import os
+from functools import partial
 
 # conftest.py sets this before anything imports triton (triton.jit reads it at
 # decoration time); kept here so the module also runs on its own.
@@ -20,11 +21,13 @@ import torch  # noqa: E402
 
 from flide_ext.kernels import dispatch  # noqa: E402
 from flide_ext.kernels.causal_conv1d import causal_conv1d, causal_conv1d_ref  # noqa: E402
-from flide_ext.kernels.causal_conv1d_triton import causal_conv1d_triton  # noqa: E402
-from flide_ext.kernels.fork_attention import fork_attention_ref  # noqa: E402
-from flide_ext.kernels.fork_attention_triton import MAX_DEPTH, fork_attention_triton, path_tables  # noqa: E402
+from flide_ext.kernels.causal_conv1d.kernel import causal_conv1d_triton  # noqa: E402
+from flide_ext.kernels.fork_attention import fork_attention, fork_attention_ref  # noqa: E402
+from flide_ext.kernels.fork_attention.kernel import fork_attention_triton  # noqa: E402
+from flide_ext.kernels.fork_attention.paths import PATH_DEPTH, path_tables  # noqa: E402
 from flide_ext.kernels.gated_delta_rule import recurrent_gated_delta_rule_ref  # noqa: E402
-from flide_ext.kernels.gated_delta_rule_triton import fla_available, recurrent_gated_delta_rule_triton  # noqa: E402
+from flide_ext.kernels.gated_delta_rule.fla_steps import fla_available  # noqa: E402
+from flide_ext.kernels.gated_delta_rule.recurrent_kernel import recurrent_gated_delta_rule_triton  # noqa: E402
 from flide_ext.plan.flat import Resume, plan_round  # noqa: E402
 
 
@@ -120,13 +123,13 @@ def test_fork_attention_alone_equals_forked_bitwise():
 
 
 def test_path_tables_refuse_deep_paths():
-    parent = torch.arange(-1, MAX_DEPTH)  # a chain of MAX_DEPTH + 1 segments
-    ones = torch.ones(MAX_DEPTH + 1, dtype=torch.long)
+    parent = torch.arange(-1, PATH_DEPTH)  # a chain of PATH_DEPTH + 1 segments
+    ones = torch.ones(PATH_DEPTH + 1, dtype=torch.long)
     with pytest.raises(ValueError, match="at most"):
-        path_tables(parent, torch.arange(MAX_DEPTH + 1), ones)
-    kv, offset, count, own = path_tables(parent[:-1], torch.arange(MAX_DEPTH), ones[:-1])
-    assert own.tolist() == list(range(MAX_DEPTH))
-    assert count[-1].tolist() == [1] * MAX_DEPTH and offset[-1].tolist() == list(range(MAX_DEPTH))
+        path_tables(parent, torch.arange(PATH_DEPTH + 1), ones)
+    kv, offset, count, own = path_tables(parent[:-1], torch.arange(PATH_DEPTH), ones[:-1])
+    assert own.tolist() == list(range(PATH_DEPTH))
+    assert count[-1].tolist() == [1] * PATH_DEPTH and offset[-1].tolist() == list(range(PATH_DEPTH))
 
 
 def _segment_table():
@@ -184,7 +187,7 @@ def test_recurrent_gated_delta_rule_matches_reference(H, HV, K, V):
                     "CPU environments (importing it there breaks transformers' Qwen3.5); benchmark/kernels/check_kernels.py "
                     "covers it on the H200")
 def test_fla_chunk_path_matches_reference():
-    from flide_ext.kernels.gated_delta_rule_triton import chunk_gated_delta_rule_fla
+    from flide_ext.kernels.gated_delta_rule.fla_steps import chunk_gated_delta_rule_fla
 
     gen = torch.Generator().manual_seed(9)
     T, H, HV, K, V = 23, 2, 4, 64, 64
@@ -199,15 +202,29 @@ def test_fla_chunk_path_matches_reference():
     torch.testing.assert_close(got[:12].cpu(), want[:12], rtol=1e-3, atol=1e-3)
 
 
-def test_dispatch_switch(monkeypatch):
+def test_dispatch_switch(monkeypatch, tiny_dirs):
+    from flide_ext import Engine
+    from flide_ext.layers.kernel_module import KernelModule
+
     x = torch.zeros(2, 3)
-    assert not dispatch.use_triton(x)  # CPU tensors always take the reference
-    assert not dispatch.reference_forced()
-    with dispatch.force_reference():
-        assert dispatch.reference_forced()
-    assert not dispatch.reference_forced()
+    assert dispatch.backend_for(x, None) == "reference"  # CPU tensors take the reference by default
+    assert dispatch.backend_for(x, "triton") == "triton"
+    with pytest.raises(ValueError, match="kernel backend 'cuda'"):
+        dispatch.check_backend("cuda")
+    monkeypatch.delenv("FLIDE_REFERENCE_KERNELS", raising=False)
+    assert dispatch.environment_backend() is None
+    monkeypatch.setenv("FLIDE_REFERENCE_KERNELS", "0")
+    assert dispatch.environment_backend() is None
     monkeypatch.setenv("FLIDE_REFERENCE_KERNELS", "1")
-    assert dispatch.reference_forced()
+    assert dispatch.environment_backend() == "reference"
+    # Read once, when a model is loaded: every layer of it gets the backend.
+    engine = Engine(str(tiny_dirs["qwen3_5"]))
+    layers = [m for m in engine.model.modules() if isinstance(m, KernelModule)]
+    assert engine.model.kernel_backend == "reference" and layers and all(m.backend == "reference" for m in layers)
+    engine.model.set_kernel_backend(None)
+    assert all(m.backend is None for m in layers)
+    with pytest.raises(ValueError, match="kernel backend"):
+        engine.model.set_kernel_backend("gpu")
     # The dispatcher on CPU is the reference.
     gen = torch.Generator().manual_seed(8)
     xs = torch.randn(6, 8, generator=gen)
@@ -233,9 +250,9 @@ def test_whole_model_through_triton_kernels(tiny_dirs, family):
         ([state + [201], state + [202, 203, 204], state + [205] * 9], [[1, 2], [1, 2], [3, 4]]),
         ([[7, 8, 9, 10, 11]], [[5]]),
     ]
-    want = engine.run_round(groups)
-    with dispatch.force_triton():
-        got = engine.run_round(groups)
+    want = engine.run_round(groups).answers
+    engine.model.set_kernel_backend("triton")
+    got = engine.run_round(groups).answers
     for g_req, w_req in zip(got, want):
         for g_q, w_q in zip(g_req, w_req):
             torch.testing.assert_close(torch.tensor(g_q), torch.tensor(w_q), rtol=1e-4, atol=1e-4)
@@ -244,7 +261,7 @@ def test_whole_model_through_triton_kernels(tiny_dirs, family):
 @pytest.mark.parametrize("config", [(32, 16, 4, 1, True), (16, 32, 4, 1, False)])
 def test_fork_attention_other_tilings(monkeypatch, config):
     """Packed GQA rows and other tile shapes compute the same function."""
-    import flide_ext.kernels.fork_attention_triton as fat
+    import flide_ext.kernels.fork_attention.kernel as fat
 
     monkeypatch.setattr(fat, "TILE_OVERRIDE", config)
     gen = torch.Generator().manual_seed(11)
@@ -261,7 +278,7 @@ def test_chunk_states_matches_reference():
     kernels on the GPU) against its reference: chunk states, corrected values and
     final states, with a sequence reading another's slot."""
     from flide_ext.kernels.gated_delta_rule import chunk_states_ref
-    from flide_ext.kernels.gated_delta_rule_triton import chunk_states_triton
+    from flide_ext.kernels.gated_delta_rule.states_kernel import chunk_states_triton
 
     gen = torch.Generator().manual_seed(12)
     T, H, HV, K, V, C = 150, 2, 4, 32, 48, 16
@@ -293,14 +310,14 @@ def test_chunk_states_matches_reference():
 def test_kernel_argument_errors():
     """Unsupported arguments raise ValueError naming the problem, in the Triton
     wrappers and (where the reference shares the limit) in the references."""
-    from flide_ext.kernels.gated_delta_rule_triton import chunk_states_triton
+    from flide_ext.kernels.gated_delta_rule.states_kernel import chunk_states_triton
 
     gen = torch.Generator().manual_seed(13)
     owners, prompts = _prompts(gen, requests=1)
     plan = plan_round(owners, prompts)
     args = _attention_args(plan, 2, 2, 16, 16, gen)
     for window in (0, -1, 2.5):
-        for fn in (fork_attention_ref, fork_attention_triton):
+        for fn in (partial(fork_attention, backend="reference"), partial(fork_attention, backend="triton")):
             with pytest.raises(ValueError, match="sliding_window"):
                 fn(*args, sliding_window=window)
     T = 5
@@ -329,7 +346,7 @@ def test_empty_stream_passes_states_through():
     """A zero-length segment with a final slot copies its initial state, also
     when the stream has no rows at all."""
     from flide_ext.kernels.gated_delta_rule import chunk_states_ref
-    from flide_ext.kernels.gated_delta_rule_triton import chunk_states_triton
+    from flide_ext.kernels.gated_delta_rule.states_kernel import chunk_states_triton
 
     q = torch.zeros(0, 2, 16)
     v, g, beta = torch.zeros(0, 2, 16), torch.zeros(0, 2), torch.zeros(0, 2)
@@ -375,8 +392,8 @@ def test_deep_requests_refused_alone(tiny_dirs):
     assert out[1].label_logprobs == engine.score_tokens(fine).label_logprobs
     nine = {"prompts": chain[:9], "label_token_ids": [1, 2]}
     want = engine.score_tokens(nine).label_logprobs
-    with dispatch.force_triton():
-        got = engine.score_tokens(nine).label_logprobs
+    engine.model.set_kernel_backend("triton")
+    got = engine.score_tokens(nine).label_logprobs
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-4)
 
 
@@ -407,10 +424,12 @@ def test_gdn_tree_matches_reference(monkeypatch, H, HV, K, V):
     """The whole-tree GPU path (state-free steps once over all segments, the own
     inter-chunk kernel level by level) against the level-by-level reference, with
     the state-free steps' references standing in for fla-core's kernels."""
-    import flide_ext.kernels.gated_delta_rule_triton as gdt
+    import flide_ext.kernels.gated_delta_rule as gd
+    import flide_ext.kernels.gated_delta_rule.levels as gdl
+    import flide_ext.kernels.gated_delta_rule.tree_kernel as gdt
     from flide_ext.kernels.gated_delta_rule import gated_delta_rule_tree_ref
 
-    monkeypatch.setattr(gdt, "chunk_steps", gdt.reference_steps)
+    monkeypatch.setattr(gdt, "chunk_steps", gd.reference_steps)
     chunk_pass, real_pass = [], gdt._chunk_pass
     monkeypatch.setattr(gdt, "_chunk_pass", lambda meta, *a: chunk_pass.append(len(meta.levels)) or real_pass(meta, *a))
     gen = torch.Generator().manual_seed(14)
@@ -432,10 +451,12 @@ def test_gdn_tree_with_rows_between_segments(monkeypatch):
     """Rows that belong to no segment send the tree level by level (no one varlen
     batch covers them); the result still equals the reference and those rows of
     ``out`` are left as they were."""
-    import flide_ext.kernels.gated_delta_rule_triton as gdt
+    import flide_ext.kernels.gated_delta_rule as gd
+    import flide_ext.kernels.gated_delta_rule.levels as gdl
+    import flide_ext.kernels.gated_delta_rule.tree_kernel as gdt
     from flide_ext.kernels.gated_delta_rule import gated_delta_rule_tree_ref
 
-    monkeypatch.setattr(gdt, "chunk_steps", gdt.reference_steps)
+    monkeypatch.setattr(gdt, "chunk_steps", gd.reference_steps)
     t = torch.tensor
     levels = [(t([0]), t([40]), t([-1]), t([0])), (t([50, 60]), t([10, 5]), t([0, 0]), t([1, 2]))]
     assert gdt.tree_meta(levels) is None
@@ -473,18 +494,20 @@ def test_round_metadata_built_once_for_the_deepest_tree(monkeypatch):
     """Every layer of a round asks for the same per-level metadata; at the deepest
     tree allowed (16 levels) each table is still built once per round, not once
     per layer (each build waits for the device on a GPU)."""
-    import flide_ext.kernels.causal_conv1d_triton as conv
-    import flide_ext.kernels.gated_delta_rule_triton as gdt
+    import flide_ext.kernels.causal_conv1d.kernel as conv
+    import flide_ext.kernels.gated_delta_rule as gd
+    import flide_ext.kernels.gated_delta_rule.levels as gdl
+    import flide_ext.kernels.gated_delta_rule.tree_kernel as gdt
     from flide_ext.plan.tree import MAX_TREE_DEPTH
 
-    monkeypatch.setattr(gdt, "chunk_steps", gdt.reference_steps)
+    monkeypatch.setattr(gdt, "chunk_steps", gd.reference_steps)
     builds = {"level": 0, "tree": 0, "blocks": 0}
 
     def counted(name, fn):
         return lambda *a, **kw: builds.__setitem__(name, builds[name] + 1) or fn(*a, **kw)
 
-    monkeypatch.setattr(gdt, "_level_meta", counted("level", gdt._level_meta))
-    monkeypatch.setattr(gdt, "_tree_meta", counted("tree", gdt._tree_meta))
+    monkeypatch.setattr(gdl, "_level_meta", counted("level", gdl._level_meta))
+    monkeypatch.setattr(gdl, "_tree_meta", counted("tree", gdl._tree_meta))
     monkeypatch.setattr(conv, "_blocks", counted("blocks", conv._blocks))
     depth = MAX_TREE_DEPTH + 1
     t = torch.tensor
@@ -505,14 +528,16 @@ def test_round_metadata_built_once_for_the_deepest_tree(monkeypatch):
 def test_gdn_tree_strided_out_and_values(monkeypatch):
     """A strided ``out`` and strided (permuted) values are accepted on both the
     one-batch path and the level-by-level fallback, as by the reference."""
-    import flide_ext.kernels.gated_delta_rule_triton as gdt
+    import flide_ext.kernels.gated_delta_rule as gd
+    import flide_ext.kernels.gated_delta_rule.levels as gdl
+    import flide_ext.kernels.gated_delta_rule.tree_kernel as gdt
     from flide_ext.kernels.gated_delta_rule import gated_delta_rule_tree_ref
 
     gen = torch.Generator().manual_seed(18)
     q, k, _, g, beta = _gdn_inputs(TREE_ROWS, 2, 4, 16, 16, gen)
     v = torch.randn(4, TREE_ROWS, 16, generator=gen).transpose(0, 1)  # dense, not contiguous
     want = gated_delta_rule_tree_ref(q, k, v, g, beta, 0.25, torch.zeros(8, 4, 16, 16), _tree_levels())
-    for steps in (None, gdt.reference_steps):
+    for steps in (None, gd.reference_steps):
         if steps is not None:
             monkeypatch.setattr(gdt, "chunk_steps", steps)
         got = gdt.gated_delta_rule_tree_triton(q, k, v, g, beta, 0.25, torch.zeros(8, 4, 16, 16), _tree_levels())
@@ -526,7 +551,7 @@ def test_chunk_states_strided_inputs():
     """Dense but permuted WY factors: the kernel reads contiguous copies and
     writes its own (contiguous) outputs."""
     from flide_ext.kernels.gated_delta_rule import chunk_states_ref
-    from flide_ext.kernels.gated_delta_rule_triton import chunk_states_triton
+    from flide_ext.kernels.gated_delta_rule.states_kernel import chunk_states_triton
 
     gen = torch.Generator().manual_seed(19)
     T, H, HV, K, V = 40, 1, 2, 16, 16
@@ -547,10 +572,12 @@ def test_chunk_forked_level_matches_reference(monkeypatch):
     """One level through the chunked GPU path (a one-level tree pass; the
     state-free steps' references standing in for fla-core) against the chunked
     reference, level after level, incl. the empty segment's pass-through."""
-    import flide_ext.kernels.gated_delta_rule_triton as gdt
+    import flide_ext.kernels.gated_delta_rule as gd
+    import flide_ext.kernels.gated_delta_rule.levels as gdl
+    import flide_ext.kernels.gated_delta_rule.tree_kernel as gdt
     from flide_ext.kernels.gated_delta_rule import chunk_gated_delta_rule_ref
 
-    monkeypatch.setattr(gdt, "chunk_steps", gdt.reference_steps)
+    monkeypatch.setattr(gdt, "chunk_steps", gd.reference_steps)
     gen = torch.Generator().manual_seed(20)
     q, k, v, g, beta = _gdn_inputs(TREE_ROWS, 2, 4, 16, 16, gen)
     pools = [torch.zeros(8, 4, 16, 16) for _ in range(2)]

@@ -37,7 +37,8 @@ from ceilings import copy_gbps, matmul_tflops  # noqa: E402
 from timing import median_ms  # noqa: E402
 from workloads import WORKLOADS, attention_inputs, workload_prompts  # noqa: E402
 
-from flide_ext.kernels.fork_attention_triton import fork_attention_triton, path_tables  # noqa: E402
+from flide_ext.kernels.fork_attention.kernel import fork_attention_triton  # noqa: E402
+from flide_ext.kernels.fork_attention.paths import path_tables  # noqa: E402
 from flide_ext.plan.flat import plan_round  # noqa: E402
 
 HQ, HKV, D = 16, 4, 256

@@ -38,14 +38,14 @@ from ceilings import copy_gbps, matmul_tflops  # noqa: E402
 from timing import device_ms, median_ms  # noqa: E402
 from workloads import WORKLOADS, gdn_inputs, workload_prompts  # noqa: E402
 
-from flide_ext.kernels.causal_conv1d_triton import causal_conv1d_triton  # noqa: E402
-from flide_ext.kernels.gated_delta_rule_triton import (  # noqa: E402
-    chunk_gated_delta_rule_fla,
+from flide_ext.kernels.causal_conv1d.kernel import causal_conv1d_triton  # noqa: E402
+from flide_ext.kernels.gated_delta_rule.fla_steps import chunk_gated_delta_rule_fla  # noqa: E402
+from flide_ext.kernels.gated_delta_rule.tree_kernel import (  # noqa: E402
     chunk_gated_delta_rule_forked,
     gated_delta_rule_forked,
     gated_delta_rule_tree_triton,
-    recurrent_gated_delta_rule_triton,
 )
+from flide_ext.kernels.gated_delta_rule.recurrent_kernel import recurrent_gated_delta_rule_triton  # noqa: E402
 from flide_ext.plan.flat import plan_round  # noqa: E402
 
 H, HV, K, V = 16, 32, 128, 128

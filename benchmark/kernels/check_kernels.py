@@ -36,19 +36,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flide_ext.kernels.causal_conv1d import causal_conv1d_ref  # noqa: E402
-from flide_ext.kernels.causal_conv1d_triton import causal_conv1d_triton  # noqa: E402
-from flide_ext.kernels.dispatch import force_reference  # noqa: E402
+from flide_ext.kernels.causal_conv1d.kernel import causal_conv1d_triton  # noqa: E402
 from flide_ext.kernels.fork_attention import fork_attention_ref  # noqa: E402
-from flide_ext.kernels.fork_attention_triton import fork_attention_triton  # noqa: E402
+from flide_ext.kernels.fork_attention.kernel import fork_attention_triton  # noqa: E402
 from flide_ext.kernels.gated_delta_rule import chunk_gated_delta_rule_ref  # noqa: E402
-from flide_ext.kernels.gated_delta_rule_triton import (  # noqa: E402
-    chunk_gated_delta_rule_fla,
+from flide_ext.kernels.gated_delta_rule.fla_steps import chunk_gated_delta_rule_fla  # noqa: E402
+from flide_ext.kernels.gated_delta_rule.tree_kernel import (  # noqa: E402
     chunk_gated_delta_rule_forked,
-    fla_available,
     gated_delta_rule_forked,
     gated_delta_rule_tree_triton,
-    recurrent_gated_delta_rule_triton,
 )
+from flide_ext.kernels.gated_delta_rule.fla_steps import fla_available  # noqa: E402
+from flide_ext.kernels.gated_delta_rule.recurrent_kernel import recurrent_gated_delta_rule_triton  # noqa: E402
 from flide_ext.plan.flat import Resume, plan_round  # noqa: E402
 from workloads import attention_inputs, gdn_inputs, workload_prompts  # noqa: E402
 
@@ -291,9 +290,9 @@ def check_norms_and_gates(gen):
     bf16 against their references on the same GPU inputs: within two bf16 ulps
     (the reduction order moves rstd by an ulp, and a path rounds twice)."""
     from flide_ext.kernels.gdn_gate import gdn_gate_ref
-    from flide_ext.kernels.gdn_gate_triton import gdn_gate_triton
+    from flide_ext.kernels.gdn_gate.kernel import gdn_gate_triton
     from flide_ext.kernels.rms_norm import rms_norm_ref
-    from flide_ext.kernels.rms_norm_triton import rms_norm_triton
+    from flide_ext.kernels.rms_norm.kernel import rms_norm_triton
 
     T, bf16 = 735, torch.bfloat16
     cases = [("hidden offset", (T, 2560), "offset", False), ("q/k head offset", (T, 16, 256), "offset", False),
@@ -325,7 +324,7 @@ def check_norms_and_gates(gen):
            worst <= 1.0 and beta_worst <= 2 ** -8, beta_max_difference=beta_worst,
            beta_differing=float((beta != beta_ref).double().mean()))
     from flide_ext.kernels.silu_mul import silu_mul_ref
-    from flide_ext.kernels.silu_mul_triton import silu_mul_triton
+    from flide_ext.kernels.silu_mul.kernel import silu_mul_triton
 
     gu = (4 * torch.randn(T, 2 * 9216, generator=gen, device=DEV)).to(bf16)
     got, want = silu_mul_triton(gu[:, :9216], gu[:, 9216:]).float(), silu_mul_ref(gu[:, :9216], gu[:, 9216:]).float()
@@ -333,7 +332,7 @@ def check_norms_and_gates(gen):
     record(f"silu_mul [{T}, 9216] halves of one projection, Triton vs reference (bf16): max relative difference",
            worst, 2 ** -6, worst <= 2 ** -6 and not got.isnan().any(), differing=float((got != want).double().mean()))
     from flide_ext.kernels.rotary import rotary_ref
-    from flide_ext.kernels.rotary_triton import rotary_triton
+    from flide_ext.kernels.rotary.kernel import rotary_triton
     from flide_ext.layers.rotary import RotaryEmbedding
     from flide_ext.assets.random_checkpoints import qwen35_config
 
@@ -394,8 +393,9 @@ def check_model(name, config, owners, prompts, seed=0):
     cpu = cpu.to_empty(device="cpu").float().eval()
     cpu.load_state_dict({k: t.float().cpu() for k, t in gpu.state_dict().items()})
     fast = model_logprobs(gpu, config, owners, prompts, DEV)
-    with force_reference():
-        slow = model_logprobs(gpu, config, owners, prompts, DEV)
+    gpu.set_kernel_backend("reference")
+    slow = model_logprobs(gpu, config, owners, prompts, DEV)
+    gpu.set_kernel_backend(None)
     ref = model_logprobs(cpu, config, owners, prompts, "cpu")
     tv_fast, tv_slow = tv(fast, ref), tv(slow, ref)
     agree = float((fast.argmax(-1) == ref.argmax(-1)).double().mean())

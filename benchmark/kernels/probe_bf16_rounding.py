@@ -19,7 +19,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from flide_ext.kernels.rotary import rotary_ref  # noqa: E402
-from flide_ext.kernels.rotary_triton import rotary_triton  # noqa: E402
+from flide_ext.kernels.rotary.kernel import rotary_triton  # noqa: E402
 
 @triton.jit
 def _rtne_bf16(x):

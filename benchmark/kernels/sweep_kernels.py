@@ -36,8 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import device_ms, median_ms  # noqa: E402
 from workloads import WORKLOADS, attention_inputs, gdn_inputs, workload_prompts  # noqa: E402
 
-import flide_ext.kernels.fork_attention_triton as fat  # noqa: E402
-import flide_ext.kernels.gated_delta_rule_triton as gdt  # noqa: E402
+import flide_ext.kernels.fork_attention.kernel as fat  # noqa: E402
+import flide_ext.kernels.gated_delta_rule.fla_steps as gdf  # noqa: E402
+import flide_ext.kernels.gated_delta_rule.levels as gdl  # noqa: E402
+import flide_ext.kernels.gated_delta_rule.recurrent_kernel as gdr  # noqa: E402
+import flide_ext.kernels.gated_delta_rule.states_kernel as gds  # noqa: E402
+import flide_ext.kernels.gated_delta_rule.tree_kernel as gdt  # noqa: E402
 from flide_ext.plan.flat import plan_round  # noqa: E402
 
 ATTENTION_CONFIGS = {
@@ -97,27 +101,27 @@ def sweep_recurrent(rows, questions=32, n=90):
     first = torch.arange(questions, device="cuda") % 4
     last = 4 + torch.arange(questions, device="cuda")
     args = (q, k, v, g, beta, K**-0.5, pool, start, length, first, last)
-    base = gdt.recurrent_gated_delta_rule_triton(*args).float()
-    default = gdt.RECURRENT_CONFIG
+    base = gdr.recurrent_gated_delta_rule_triton(*args).float()
+    default = gdr.RECURRENT_CONFIG
     for cfg in RECURRENT_CONFIGS:
-        gdt.RECURRENT_CONFIG = cfg
-        out = gdt.recurrent_gated_delta_rule_triton(*args).float()
+        gdr.RECURRENT_CONFIG = cfg
+        out = gdr.recurrent_gated_delta_rule_triton(*args).float()
         err = float((out - base).norm() / base.norm())
-        ms = bench(lambda: gdt.recurrent_gated_delta_rule_triton(*args))
+        ms = bench(lambda: gdr.recurrent_gated_delta_rule_triton(*args))
         rows.append({"kernel": "recurrent_gdn", "questions": questions, "tokens": n, "config": cfg, "ms": ms,
                      "rel_diff_vs_default": err})
         print(f"recurrent {questions}x{n} {cfg} {ms:.3f} ms diff {err:.1e}", flush=True)
-    gdt.RECURRENT_CONFIG = default
+    gdr.RECURRENT_CONFIG = default
     # Where does the gather + fla path spend its time?
     short = (q[: questions * 25], k[: questions * 25], v[: questions * 25], g[: questions * 25],
              beta[: questions * 25], K**-0.5, pool, start // n * 25, torch.full_like(length, 25), first, last)
     for _ in range(3):
-        gdt.chunk_gated_delta_rule_fla(*short)
+        gdf.chunk_gated_delta_rule_fla(*short)
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
-            gdt.chunk_gated_delta_rule_fla(*short)
+            gdf.chunk_gated_delta_rule_fla(*short)
         torch.cuda.synchronize()
     table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=18)
     print(table, flush=True)
@@ -127,14 +131,14 @@ def sweep_recurrent(rows, questions=32, n=90):
 def sweep_states(rows):
     from bench_gdn import gdn_passes
 
-    default_states, default_max = gdt.STATES_CONFIG, gdt.RECURRENT_MAX_LEN
+    default_states, default_max = gds.STATES_CONFIG, gdt.RECURRENT_MAX_LEN
     for name in ("race", "quality", "multirc"):
         _, forked, _, fla_same_tokens = gdn_passes(name)
         d_fla = device_ms(fla_same_tokens)
         base = forked().float().clone()
         variants = [(cfg, default_max) for cfg in TREE_STATES_CONFIGS]
         for cfg, max_len in variants:
-            gdt.STATES_CONFIG, gdt.RECURRENT_MAX_LEN = cfg, max_len
+            gds.STATES_CONFIG, gdt.RECURRENT_MAX_LEN = cfg, max_len
             try:
                 err = float((forked().float() - base).norm() / base.norm())
                 d = device_ms(forked)
@@ -145,7 +149,7 @@ def sweep_states(rows):
                          "share_of_fla": d_fla / d if d else None, "rel_diff_vs_default": err})
             print(f"gdn tree {name:8s} states {cfg} recurrent<= {max_len:3d}: {d if d else float('nan'):.3f} ms "
                   f"kernels, fla {d_fla:.3f}: {100 * d_fla / d if d else 0:.0f}%  diff {err}", flush=True)
-        gdt.STATES_CONFIG, gdt.RECURRENT_MAX_LEN = default_states, default_max
+        gds.STATES_CONFIG, gdt.RECURRENT_MAX_LEN = default_states, default_max
         for label, fn in (("forked", forked), ("fla same tokens", fla_same_tokens)):
             try:
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -169,15 +173,15 @@ def states_vs_fla(rows):
     from fla.ops.utils import chunk_local_cumsum
     from fla.ops.utils.constant import RCP_LN2
 
-    default = gdt.STATES_CONFIG
+    default = gds.STATES_CONFIG
     for name in WORKLOADS:
         owners, prompts = workload_prompts(name)
         plan = plan_round(owners, prompts, "cuda")
         T = plan.num_tokens
         gen = torch.Generator(device="cuda").manual_seed(3)
         q, k, v, g, beta = inputs(T, gen)
-        k = gdt._l2norm(k)
-        meta = gdt._level_meta(plan.seg_start, plan.seg_len, torch.full_like(plan.seg_start, -1),
+        k = gdf._l2norm(k)
+        meta = gdl._level_meta(plan.seg_start, plan.seg_len, torch.full_like(plan.seg_start, -1),
                                torch.arange(plan.num_segments, device="cuda"))
         cu, ci = meta.cu_seqlens, meta.chunk_indices
         g_cum = chunk_local_cumsum(g[None], chunk_size=64, scale=RCP_LN2, cu_seqlens=cu, chunk_indices=ci)
@@ -192,10 +196,10 @@ def states_vs_fla(rows):
         _, v_ref, _ = fla_h()
         d_fla = device_ms(fla_h)
         for cfg in STATES_CONFIGS:
-            gdt.STATES_CONFIG = cfg
+            gds.STATES_CONFIG = cfg
 
             def own():
-                return gdt.chunk_states_triton(k, w[0], u[0], g_cum[0], pool, cu, meta.chunk_offsets, meta.initial,
+                return gds.chunk_states_triton(k, w[0], u[0], g_cum[0], pool, cu, meta.chunk_offsets, meta.initial,
                                                meta.final, 64, meta.num_chunks)
 
             _, v_new = own()
@@ -205,11 +209,11 @@ def states_vs_fla(rows):
                          "fla_device_ms": d_fla, "v_new_rel_diff": err})
             print(f"states {name:8s} {cfg}: own {d:.3f} ms, fla fwd_h {d_fla:.3f} ms ({100 * d_fla / d:.0f}%), "
                   f"v_new diff {err:.1e}", flush=True)
-        gdt.STATES_CONFIG = default
+        gds.STATES_CONFIG = default
 
 
 def sweep_conv(rows):
-    import flide_ext.kernels.causal_conv1d_triton as cct
+    import flide_ext.kernels.causal_conv1d.kernel as cct
     from flide_ext.runtime.graph_runner import GraphCapacity, TableSpec
     from flide_ext.runtime.round_buffers import device_round
 

@@ -92,7 +92,7 @@ def predicted(answer: dict) -> str:
 def run_decide(args) -> int:
     from tqdm import tqdm
 
-    from .. import Engine
+    from ..runtime.engine import Engine
 
     if args.context_length is not None and args.context_length < 1:
         raise CLIError("--context-length must be at least 1")
@@ -114,10 +114,11 @@ def run_decide(args) -> int:
     with tqdm(total=len(todo), desc="decide", unit="req", file=sys.stderr) as bar:
         for start in range(0, len(todo), args.round_size):
             chunk = todo[start : start + args.round_size]
-            for entry, result in zip(chunk, engine.decide_batch([e.request for e in chunk])):
+            answered = engine.decide_batch([e.request for e in chunk])
+            for entry, result in zip(chunk, answered):
                 results[id(entry)] = result
-            prompt_tokens += engine.last_round.prompt_tokens
-            stream_tokens += engine.last_round.stream_tokens
+            prompt_tokens += answered.stats.prompt_tokens
+            stream_tokens += answered.stats.stream_tokens
             bar.update(len(chunk))
 
     for entry in entries:
@@ -198,21 +199,27 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     make.add_argument("--head-scale", type=float, default=1.0, help="LM head init scale (peaked distributions)")
     make.set_defaults(func=run_make_checkpoint)
+    from ..server.launch import ServeArgs
+
+    served = ServeArgs("")  # the server's defaults, as the help states them
     serve = sub.add_parser("serve", help="serve SGLang's decision routes over HTTP")
     serve.add_argument("--model-path", required=True, help="checkpoint directory or built-in name")
     serve.add_argument("--tokenizer-path")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=30000)
-    serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                       help="compute dtype (default: float32)")
-    serve.add_argument("--device", default="cpu")
+    serve.add_argument("--host", help=f"address to listen on (default: {served.host})")
+    serve.add_argument("--port", type=int, help=f"port to listen on (default: {served.port})")
+    serve.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                       help=f"compute dtype (default: {served.dtype})")
+    serve.add_argument("--device", help=f"torch device (default: {served.device})")
     serve.add_argument("--api-key")
     serve.add_argument("--random-seed", type=int)
     serve.add_argument("--context-length", type=int)
     serve.add_argument("--served-model-name")
-    serve.add_argument("--round-tokens", type=int, help="most flat-stream tokens per round (default: 65536)")
-    serve.add_argument("--round-segments", type=int, help="most prefix-tree segments per round (default: 4096)")
-    serve.add_argument("--max-round-requests", type=int, help="most requests per round (default: 256)")
+    serve.add_argument("--round-tokens", type=int,
+                       help=f"most flat-stream tokens per round (default: {served.round_tokens})")
+    serve.add_argument("--round-segments", type=int,
+                       help=f"most prefix-tree segments per round (default: {served.round_segments})")
+    serve.add_argument("--max-round-requests", type=int,
+                       help=f"most requests per round (default: {served.max_round_requests})")
     serve.add_argument("--cuda-graphs", choices=["flat", "per_shape", "off"],
                        help="CUDA graphs: flat (a few stream capacities, the default on CUDA), per_shape or off")
     serve.add_argument("--graph-capacities",

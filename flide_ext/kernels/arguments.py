@@ -52,3 +52,12 @@ def check_float32_math_dtypes(kernel: str, **tensors: Optional[torch.Tensor]) ->
     for name, t in tensors.items():
         if t is not None and t.dtype not in FLOAT32_MATH_DTYPES:
             raise ValueError(f"{kernel}: {name} dtype {t.dtype} is not one of float32, bfloat16, float16")
+
+
+def check_heads(key_heads: int, value_heads: int) -> None:
+    """Gated DeltaNet heads: each key head serves ``value_heads // key_heads`` value heads.
+
+    Raises:
+        ValueError: ``value_heads`` is not a positive multiple of ``key_heads``.
+    """
+    check_groups(value_heads, key_heads, "value heads", "key heads")

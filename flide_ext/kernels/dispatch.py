@@ -1,53 +1,41 @@
-"""Which implementation a kernel call runs: the Triton kernel on CUDA tensors, the
-PyTorch reference elsewhere; one switch forces the reference everywhere.
+"""Which implementation a kernel call runs, decided by the caller once.
 
-The switch is the environment variable ``FLIDE_REFERENCE_KERNELS`` (read at
-each call; any value but empty or ``0`` forces the reference) or the :func:`force_reference` context manager, e.g. to compare the
-two paths on the same GPU inputs. For tests on a CPU machine,
-:func:`force_triton` sends CPU tensors to the Triton kernels, which then run
-under the Triton interpreter (``TRITON_INTERPRET=1`` set before they are imported).
+Every public kernel function takes ``backend``: ``"triton"`` runs the Triton
+kernel (where the op's contract allows it: some dtypes and sizes always take
+the reference), ``"reference"`` the plain PyTorch reference, and None picks by
+the input's device (Triton on CUDA, the reference elsewhere). A model decides
+its backend once, when it is loaded (:meth:`flide_ext.models.base.FlatCausalLM.set_kernel_backend`),
+so no call reads the environment. ``"triton"`` on CPU tensors runs the kernels
+under the Triton interpreter (``TRITON_INTERPRET=1`` set before they are
+imported), which is how the tests run them on a machine without a GPU.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
+from typing import Optional
 
 import torch
 
-_local = threading.local()
+BACKENDS = ("triton", "reference")
+# Set (to anything but empty or 0) to make models load with the reference kernels.
+REFERENCE_ENV = "FLIDE_REFERENCE_KERNELS"
 
 
-def reference_forced() -> bool:
-    """True when the reference is forced by the environment or :func:`force_reference`."""
-    if getattr(_local, "forced", 0):
-        return True
-    return os.environ.get("FLIDE_REFERENCE_KERNELS", "") not in ("", "0")
+def check_backend(backend: Optional[str]) -> None:
+    """Raises ValueError unless ``backend`` is None or one of :data:`BACKENDS`."""
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"kernel backend {backend!r} is not one of {', '.join(BACKENDS)}")
 
 
-@contextlib.contextmanager
-def force_reference():
-    """Run every kernel call inside the block through its PyTorch reference (this thread)."""
-    _local.forced = getattr(_local, "forced", 0) + 1
-    try:
-        yield
-    finally:
-        _local.forced -= 1
+def backend_for(x: torch.Tensor, backend: Optional[str]) -> str:
+    """``backend`` when given, else ``"triton"`` for CUDA tensors and ``"reference"`` otherwise."""
+    if backend is not None:
+        return backend
+    return "triton" if x.is_cuda else "reference"
 
 
-@contextlib.contextmanager
-def force_triton():
-    """Run kernel calls inside the block through the Triton kernels even for CPU
-    tensors (this thread; only meaningful under ``TRITON_INTERPRET=1``)."""
-    _local.triton = getattr(_local, "triton", 0) + 1
-    try:
-        yield
-    finally:
-        _local.triton -= 1
-
-
-def use_triton(x: torch.Tensor) -> bool:
-    """True when a call on ``x`` should run the Triton kernel: ``x`` is on CUDA (or
-    :func:`force_triton` is active) and the reference is not forced."""
-    return (x.is_cuda or getattr(_local, "triton", 0) > 0) and not reference_forced()
+def environment_backend() -> Optional[str]:
+    """``"reference"`` when :data:`REFERENCE_ENV` asks for the references, else None
+    (by device). Read once per model, when it is loaded."""
+    return "reference" if os.environ.get(REFERENCE_ENV, "") not in ("", "0") else None

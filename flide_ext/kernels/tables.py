@@ -22,8 +22,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-# GDN chunk length (fla-core's chunked kernels).
-CHUNK = 64
+from .fork_attention.paths import block_arrays, path_arrays
+from .gated_delta_rule.chunks import CHUNK, chunk_layout
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,8 @@ class KernelTables:
     Attributes:
         attention: ForkAttention's ``(num_blocks, block_seg [NB], block_row [NB],
             seg_start [S1], seg_len [S1], own_offset [S1], path_kv [S1, D],
-            path_offset [S1, D], path_len [S1, D])`` with ``D = tree.MAX_TREE_DEPTH + 1``
-            (:func:`.fork_attention_triton.path_tables`).
+            path_offset [S1, D], path_len [S1, D])`` with ``D = PATH_DEPTH``
+            (:func:`flide_ext.kernels.fork_attention.paths.path_tables`).
         token_segment: ``[T]`` segment of each row (the padding segment past the round).
         seg_start, seg_len: ``[S1]`` stream rows of each segment.
         conv_history: ``[S1, W-1]`` the ``W-1`` conv inputs before each segment's
@@ -166,8 +166,6 @@ def build_tables(plan, capacity: Optional[TableCapacity], conv_width: int, token
     Raises:
         ValueError: the round does not fit ``capacity``.
     """
-    from .fork_attention_triton import block_arrays, path_arrays
-
     T, S_all, L = plan.num_tokens, int(plan.seg_start.numel()), plan.num_levels
     S = plan.num_segments
     if capacity is None:
@@ -209,13 +207,10 @@ def build_tables(plan, capacity: Optional[TableCapacity], conv_width: int, token
     if plan.seg_slot is not None:
         initial[:S], final[:S] = plan.seg_initial_slot.numpy(), plan.seg_slot.numpy()
 
-    chunks = (seg_len + CHUNK - 1) // CHUNK
-    chunk_offsets = np.concatenate([[0], np.cumsum(chunks)])
+    _, chunk_offsets, pairs = chunk_layout(seg_len)
     NT_real = int(chunk_offsets[-1])
     chunk_indices = np.empty((capacity.chunks, 2), dtype=np.int64)
-    seq = np.repeat(np.arange(S1), chunks)
-    chunk_indices[:NT_real, 0] = seq
-    chunk_indices[:NT_real, 1] = np.arange(NT_real) - chunk_offsets[seq]
+    chunk_indices[:NT_real] = pairs
     chunk_indices[NT_real:] = (pad, 0)
     cu_seqlens = np.concatenate([seg_start, [T]])
 

@@ -10,13 +10,14 @@ from typing import Optional, Type
 import torch
 from torch import nn
 
-from ..kernels import fork_attention
+from ..kernels.fork_attention import fork_attention
 from ..kernels.rotary import rotary
+from .kernel_module import KernelModule
 from .linear import Linear
 from .norm import RMSNorm
 
 
-class ForkSelfAttention(nn.Module):
+class ForkSelfAttention(KernelModule):
     """Projections named as in Hugging Face checkpoints (``q_proj``, ``k_proj``,
     ``v_proj``, ``o_proj``, optional ``q_norm``/``k_norm``).
 
@@ -68,7 +69,7 @@ class ForkSelfAttention(nn.Module):
         v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(q, ctx.cos, ctx.sin), rotary(k, ctx.cos, ctx.sin)
+        q, k = rotary(q, ctx.cos, ctx.sin, self.backend), rotary(k, ctx.cos, ctx.sin, self.backend)
         if ctx.kv_capture is not None:
             ctx.kv_capture.append((k, v))
         if ctx.kv_prefix is not None:
@@ -78,7 +79,7 @@ class ForkSelfAttention(nn.Module):
         o = fork_attention(
             q, k, v, plan.seg_parent, plan.seg_start, plan.seg_len, plan.seg_kv_start, plan.seg_kv_len,
             plan.positions, plan.kv_positions, self.scale, self.sliding_window,
-            tables=plan.tables.attention if plan.tables is not None else None,
+            tables=plan.tables.attention if plan.tables is not None else None, backend=self.backend,
         ).reshape(T, -1)
         if self.gated:
             o = o * torch.sigmoid(gate)

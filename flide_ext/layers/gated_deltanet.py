@@ -21,14 +21,14 @@ import torch
 from torch import nn
 
 from ..kernels.causal_conv1d import causal_conv1d, causal_conv1d_tree
-from ..kernels.dispatch import use_triton
+from ..kernels.gated_delta_rule import gated_delta_rule_tree, needs_level_tables
 from ..kernels.gdn_gate import gdn_gate
-from ..kernels.gated_delta_rule import gated_delta_rule_tree
+from .kernel_module import KernelModule
 from .linear import Linear, StackedLinear
 from .norm import GatedRMSNorm
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(KernelModule):
     """Qwen3.5 GDN layer (``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``,
     ``conv1d``, ``dt_bias``, ``A_log``, ``norm``, ``out_proj``).
 
@@ -92,29 +92,25 @@ class GatedDeltaNet(nn.Module):
             # q, k and v come out contiguous, as the chunk kernels read them.
             q, k, v = causal_conv1d_tree(mixed, weight, None, conv_pool, tables.token_segment, tables.seg_start,
                                          tables.seg_len, tables.conv_history, tables.history_slot,
-                                         tables.final_slot, split=split)
+                                         tables.final_slot, split=split, backend=self.backend)
         else:
             # Each level writes its own rows; a level's segments read the slots the
             # level before wrote.
             conv_out = torch.empty(mixed.shape, dtype=mixed.dtype, device=mixed.device)
             for level in plan.level_tables():
-                causal_conv1d(mixed, weight, None, conv_pool, *level, activation="silu", out=conv_out)
+                causal_conv1d(mixed, weight, None, conv_pool, *level, activation="silu", out=conv_out,
+                              backend=self.backend)
             q, k, v = torch.split(conv_out, split, dim=-1)
         q = q.reshape(T, self.num_k_heads, self.head_k_dim)
         k = k.reshape(T, self.num_k_heads, self.head_k_dim)
         v = v.reshape(T, self.num_v_heads, self.head_v_dim)
-        g, beta = gdn_gate(a, b, self.A_log, self.dt_bias)
+        g, beta = gdn_gate(a, b, self.A_log, self.dt_bias, self.backend)
 
         # With tables, the GPU pass needs no level tables (and building them
         # would add launches to a CUDA graph).
-        table_pass = False
-        if tables is not None and use_triton(v):
-            from ..kernels.gated_delta_rule_triton import table_steps
-
-            table_pass = table_steps(v) is not None
-        levels = () if table_pass else plan.level_tables()
+        levels = plan.level_tables() if needs_level_tables(v, tables, self.backend) else ()
         o = gated_delta_rule_tree(q, k, v, g, beta, self.head_k_dim**-0.5, state_pool, levels,
-                                  use_qk_l2norm=True, tables=tables)
+                                  use_qk_l2norm=True, tables=tables, backend=self.backend)
         o = self.norm(o, z).reshape(T, -1)
         return self.out_proj(o)
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 from transformers.activations import ACT2FN
 
 from ..kernels.silu_mul import silu_mul
+from .kernel_module import KernelModule
 from .linear import Linear, StackedLinear
 
 
-class GatedMLP(nn.Module):
+class GatedMLP(KernelModule):
     """``down(act(gate(x)) * up(x))``; ``x`` ``[T, hidden]`` -> ``[T, hidden]``.
 
     ``gate_proj`` and ``up_proj`` run as one GEMM; with SiLU (every supported
@@ -29,5 +29,5 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x)
         if self.act_name == "silu":
-            return self.down_proj(silu_mul(gate, up))
+            return self.down_proj(silu_mul(gate, up, self.backend))
         return self.down_proj(self.act(gate) * up)

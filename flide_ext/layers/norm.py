@@ -8,9 +8,10 @@ import torch
 from torch import nn
 
 from ..kernels.rms_norm import rms_norm
+from .kernel_module import KernelModule
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(KernelModule):
     """``y = w * (x / sqrt(mean(x^2) + eps))``, normalised in float32 and cast back
     to the input dtype before the weight, as Llama and Qwen3 checkpoints expect.
 
@@ -25,10 +26,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
-        return rms_norm(x, self.weight, self.eps, "cast", residual=residual)
+        return rms_norm(x, self.weight, self.eps, "cast", residual=residual, backend=self.backend)
 
 
-class ZeroCenteredRMSNorm(nn.Module):
+class ZeroCenteredRMSNorm(KernelModule):
     """``y = (x / sqrt(mean(x^2) + eps)) * (1 + w)`` in float32, cast to the input
     dtype at the end (Qwen3.5 / Qwen3-Next; weights stored as offsets from 1).
 
@@ -43,10 +44,10 @@ class ZeroCenteredRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
-        return rms_norm(x, self.weight, self.eps, "offset", residual=residual)
+        return rms_norm(x, self.weight, self.eps, "offset", residual=residual, backend=self.backend)
 
 
-class GatedRMSNorm(nn.Module):
+class GatedRMSNorm(KernelModule):
     """``y = w * rmsnorm(x) * silu(z)``: the GDN output norm, applied per value head
     (Qwen3.5 / Qwen3-Next ``linear_attn.norm``).
 
@@ -59,4 +60,4 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps, "cast", gate=z)
+        return rms_norm(x, self.weight, self.eps, "cast", gate=z, backend=self.backend)

@@ -8,7 +8,9 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..kernels.dispatch import check_backend
 from ..layers.context import ForwardContext
+from ..layers.kernel_module import KernelModule
 from ..layers.readout import readout_logprobs
 from ..layers.rotary import RotaryEmbedding
 
@@ -52,11 +54,27 @@ class FlatCausalLM(nn.Module):
     #: False runs the final norm and LM head over every stream row and then
     #: picks the readout rows (the ablation switch; same answers, more work).
     selective_readout = True
+    #: The kernel backend every layer's calls pass (:meth:`set_kernel_backend`).
+    kernel_backend: Optional[str] = None
 
     def __init__(self, config):
         super().__init__()
         self.config = config
         self.rotary = RotaryEmbedding(config, head_dim_of(config))
+
+    def set_kernel_backend(self, backend: Optional[str]) -> None:
+        """Make every layer's kernel calls run ``backend`` (:mod:`flide_ext.kernels.dispatch`:
+        ``"triton"``, ``"reference"``, or None to pick by device), decided once
+        for the model rather than at each call.
+
+        Raises:
+            ValueError: an unknown backend.
+        """
+        check_backend(backend)
+        self.kernel_backend = backend
+        for module in self.modules():
+            if isinstance(module, KernelModule):
+                module.backend = backend
 
     @property
     def tied_weights(self) -> dict[str, str]:

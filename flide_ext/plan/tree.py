@@ -18,11 +18,13 @@ from typing import Sequence
 
 import numpy as np
 
+from ..kernels.fork_attention.paths import PATH_DEPTH
+
 # Levels a request's prompts may nest. The GPU ForkAttention walks each path
-# through a fixed table of MAX_TREE_DEPTH + 1 segments (one more for the
-# checkpoint a request may resume from); the limit is the same on every device
-# so a request is accepted or refused wherever it runs.
-MAX_TREE_DEPTH = 15
+# through a fixed table of PATH_DEPTH segments, one of them the checkpoint a
+# request may resume from; the limit is the same on every device so a request
+# is accepted or refused wherever it runs.
+MAX_TREE_DEPTH = PATH_DEPTH - 1
 
 
 @dataclass

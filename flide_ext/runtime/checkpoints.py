@@ -15,6 +15,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..plan.flat import Resume
+
 
 @dataclass
 class Checkpoint:
@@ -109,3 +111,79 @@ def concat_kv(base: Optional[Checkpoint], new_kv: list, rows: torch.Tensor) -> l
             k, v = torch.cat([base.kv[i][0], k]), torch.cat([base.kv[i][1], v])
         out.append((k, v))
     return out
+
+
+def resume_from(store: CheckpointStore, groups) -> tuple[dict, dict, Optional[list]]:
+    """The checkpoints a round's requests resume from.
+
+    Args:
+        store: the kept checkpoints.
+        groups: per request ``(prompts, labels)``.
+
+    Returns:
+        ``(resumed, resume, kv_prefix)``: request index -> its :class:`Checkpoint`;
+        request index -> the plan's :class:`~flide_ext.plan.flat.Resume` (its K/V
+        rows in the round's key prefix, requests in index order); per attention
+        layer the key prefix ``(k, v)``, or None when no request resumes.
+    """
+    resumed: dict[int, Checkpoint] = {}
+    if len(store):
+        for r, (prompts, _) in enumerate(groups):
+            ckpt = store.longest_prefix(prompts)
+            if ckpt is not None:
+                resumed[r] = ckpt
+    resume, offset = {}, 0
+    for r in sorted(resumed):
+        resume[r] = Resume(len(resumed[r]), resumed[r].slot, offset)
+        offset += len(resumed[r])
+    kv_prefix = None
+    if resumed:
+        layers = len(next(iter(resumed.values())).kv)
+        kv_prefix = [
+            (torch.cat([resumed[r].kv[i][0] for r in sorted(resumed)]),
+             torch.cat([resumed[r].kv[i][1] for r in sorted(resumed)]))
+            for i in range(layers)
+        ]
+    return resumed, resume, kv_prefix
+
+
+def keep_states(store: CheckpointStore, plan, groups, keep_state, resumed: dict, slots: list, capture: Optional[list],
+                device) -> tuple[set, dict]:
+    """Keep the states asked for as checkpoints: each such request's root segment
+    (the prefix all its prompts share), on top of the checkpoint it resumed from.
+
+    Args:
+        store: where checkpoints are kept.
+        plan: the round's plan; groups: per request ``(prompts, labels)``.
+        keep_state: per request, whether to keep its state.
+        resumed: request index -> the checkpoint it resumed from.
+        slots: per real segment its GDN slot (empty without GDN layers).
+        capture: each attention layer's stream ``(k, v)`` (None: nothing to keep).
+        device: where the stream's K/V lie.
+
+    Returns:
+        ``(segments, kept_tokens)``: the segments whose slots now belong to
+        checkpoints, and request index -> tokens of its kept checkpoint.
+    """
+    segments, kept_tokens = set(), {}
+    if capture is None:
+        return segments, kept_tokens
+    roots: dict[int, list[int]] = {}
+    for s, seg in enumerate(plan.tree.segments):
+        if seg.parent < 0:
+            roots.setdefault(seg.request, []).append(s)
+    for r, keep in enumerate(keep_state):
+        base = resumed.get(r)
+        if not keep or len(roots.get(r, [])) != 1:
+            continue  # a request whose prompts part at once shares no state
+        s = roots[r][0]
+        start, length = int(plan.seg_start[s]), int(plan.seg_len[s])
+        base_len = len(base) if base is not None else 0
+        tokens = tuple(groups[r][0][0][: base_len + length])
+        rows = torch.arange(start, start + length, device=device)
+        slot = slots[s] if slots else -1
+        if store.add(Checkpoint(tokens, slot, concat_kv(base, capture, rows))):
+            segments.add(s)
+        if tokens in store.entries:  # kept now or already (not refused by the budget)
+            kept_tokens[r] = len(tokens)
+    return segments, kept_tokens

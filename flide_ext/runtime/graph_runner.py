@@ -35,7 +35,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..kernels.dispatch import reference_forced
+from ..kernels.fork_attention import tokens_per_block
+from ..kernels.gated_delta_rule import fla_available
 from ..kernels.tables import TableCapacity
 from ..plan.flat import FlatPlan, plan_round
 from .round_buffers import RoundBuffers, device_round
@@ -145,8 +146,6 @@ class TableSpec:
 
     @classmethod
     def of(cls, model, dtype: torch.dtype) -> "TableSpec":
-        from ..kernels.fork_attention_triton import tokens_per_block
-
         width = 1
         for layer in model.model.layers:
             mixer = getattr(layer, "linear_attn", None)
@@ -165,12 +164,10 @@ class TableSpec:
 
 def graphs_supported(model) -> bool:
     """True when every kernel of ``model``'s forward can run inside a CUDA graph:
-    the Triton kernels, not the forced references (they read tables on the
-    host), and fla-core's chunk steps for GDN layers (without them the GDN pass
-    runs level by level, sized on the host)."""
-    from ..kernels.gated_delta_rule_triton import fla_available
-
-    return not reference_forced() and (model.num_gdn_layers == 0 or fla_available())
+    the Triton kernels, not the references (a model loaded with the reference
+    backend: they read tables on the host), and fla-core's chunk steps for GDN
+    layers (without them the GDN pass runs level by level, sized on the host)."""
+    return model.kernel_backend != "reference" and (model.num_gdn_layers == 0 or fla_available())
 
 
 class _Graph:
@@ -344,8 +341,8 @@ class GraphRunner:
             if self.mode == "flat":
                 logger.warning("GDN state pool grew; recapturing CUDA graphs")
                 self.capture()
-        # Forced references read tables on the host: never inside a graph.
-        capacity = None if self.mode == "off" or reference_forced() else self._pick(plan)
+        # The references read tables on the host: never inside a graph.
+        capacity = None if self.mode == "off" or self.model.kernel_backend == "reference" else self._pick(plan)
         if capacity is None:
             self.eager_rounds += 1
             return self.model(device_round(plan, self.spec, self.device), self.state_pool), None

@@ -11,56 +11,11 @@ with a :class:`~flide_ext.protocol.errors.RequestError` naming the field, never 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from collections import deque
+from typing import Generic, Optional, Sequence, TypeVar
 
-from ..protocol.errors import RequestError
 from ..plan.tree import build_prefix_tree
-
-
-@dataclass(frozen=True)
-class RequestSize:
-    """What one request adds to a round.
-
-    Attributes:
-        tokens: flat-stream tokens of its prefix tree (each shared prefix once).
-        segments: segments of its prefix tree.
-    """
-
-    tokens: int
-    segments: int
-
-
-@dataclass(frozen=True)
-class RoundCapacity:
-    """Most stream tokens and segments one round may hold, and most requests.
-
-    Raises:
-        ValueError: a capacity below 1 or not an integer.
-    """
-
-    tokens: int = 65536
-    segments: int = 4096
-    requests: int = 256
-
-    def __post_init__(self):
-        for name in ("tokens", "segments", "requests"):
-            value = getattr(self, name)
-            if type(value) is not int or value < 1:
-                raise ValueError(f"round {name} capacity must be a positive integer, not {value!r}")
-
-    def check(self, size: RequestSize, field: str = "prompts") -> None:
-        """Refuse a request no round can hold.
-
-        Raises:
-            RequestError: on ``field``, with the request's size and the capacity.
-        """
-        if size.tokens > self.tokens or size.segments > self.segments:
-            raise RequestError(
-                field,
-                f"needs {size.tokens} stream tokens in {size.segments} segments, more than one round holds "
-                f"({self.tokens} tokens, {self.segments} segments); send fewer or shorter prompts",
-            )
+from .capacity import RequestSize, RoundCapacity
 
 
 def request_size(prompts: Sequence[Sequence[int]]) -> RequestSize:
@@ -91,3 +46,42 @@ def pack_round(sizes: Sequence[Optional[RequestSize]], capacity: RoundCapacity) 
             tokens += size.tokens
             segments += size.segments
     return taken
+
+
+Item = TypeVar("Item")
+
+
+class RoundQueue(Generic[Item]):
+    """Waiting requests in arrival order, taken a round at a time by :func:`pack_round`.
+
+    The one packing loop of the engine's batch methods and of the scheduler
+    process: :meth:`put` a request with its size (refused first if no round can
+    hold it: :meth:`RoundCapacity.check`), then :meth:`next_round` takes every
+    waiting request that still fits, in order, leaving the rest for the next.
+
+    Args:
+        capacity: the rounds' capacity.
+    """
+
+    def __init__(self, capacity: RoundCapacity):
+        self.capacity = capacity
+        self._waiting: deque = deque()
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def put(self, item: Item, size: RequestSize, field: str = "prompts") -> None:
+        """Queue ``item`` of ``size``.
+
+        Raises:
+            RequestError: no round can hold it (naming ``field``); nothing is queued.
+        """
+        self.capacity.check(size, field)
+        self._waiting.append((item, size))
+
+    def next_round(self) -> list:
+        """The items of the next round, in arrival order (empty when none wait)."""
+        waiting = list(self._waiting)
+        taken = set(pack_round([size for _, size in waiting], self.capacity))
+        self._waiting = deque(entry for i, entry in enumerate(waiting) if i not in taken)
+        return [item for i, (item, _) in enumerate(waiting) if i in taken]

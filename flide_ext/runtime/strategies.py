@@ -13,10 +13,11 @@ capacity, as the scheduler does.
   models the cache holds the state up to the last grid point and each question
   recomputes the rest.
 
-Every strategy returns what :meth:`Engine.run_round` returns, and on the CPU
-reference the same bits: a question's answer does not depend on how it ran.
-``engine.last_round.stream_tokens`` afterwards counts every token the strategy
-computed (for ``prefix_cache``, the cached states too).
+Every strategy returns a :class:`~.round_result.RoundResult` as
+:meth:`Engine.run_rounds` does, and on the CPU reference the same bits: a
+question's answer does not depend on how it ran. Its ``stats.stream_tokens``
+count every token the strategy computed (for ``prefix_cache``, the cached
+states too).
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def run_strategy(engine, groups, strategy: str = "flide", grid: int = 64):
         grid: the recurrent-state save grid of ``prefix_cache`` (tokens).
 
     Returns:
-        Per request, per prompt, the labels' log-probabilities.
+        A :class:`~.round_result.RoundResult`: per request, per prompt, the
+        labels' log-probabilities; stats of everything computed.
 
     Raises:
         ValueError: an unknown strategy, or a grid that is not a positive integer.
@@ -81,14 +83,22 @@ def run_strategy(engine, groups, strategy: str = "flide", grid: int = 64):
     own = CheckpointStore(max(1, len(cached)), engine.checkpoints.release_slot, max(1, sum(map(len, cached))))
     saved, engine.checkpoints = engine.checkpoints, own
     try:
+        state_tokens = 0
         if cached:
             # Computing the states is the cache's first pass; their readout is not used.
-            engine.run_rounds([([state], [[0]]) for state in cached], [True] * len(cached))
-        state_tokens = engine.last_round.stream_tokens if cached else 0
-        flat = iter(engine.run_rounds(singles))
+            state_tokens = engine.run_rounds([([state], [[0]]) for state in cached], [True] * len(cached)).stats.stream_tokens
+        flat = engine.run_rounds(singles)
     finally:
         own.clear()
         engine.checkpoints = saved
-    # The round stats count what the strategy computed: the cached states too.
-    engine.last_round = replace(engine.last_round, stream_tokens=engine.last_round.stream_tokens + state_tokens)
-    return [[next(flat)[0] for _ in prompts] for prompts, _ in groups]
+    # Regroup the single-question answers by request; the stats count what the
+    # strategy computed: the cached states too.
+    answers, stream, resumed, at = [], [], [], 0
+    for prompts, _ in groups:
+        mine = range(at, at + len(prompts))
+        answers.append([flat.answers[i][0] for i in mine])
+        stream.append(sum(flat.stream_tokens[i] for i in mine))
+        resumed.append(sum(flat.resumed_tokens[i] for i in mine))
+        at += len(prompts)
+    return replace(flat, answers=answers, stream_tokens=stream, resumed_tokens=resumed, kept_tokens=[0] * len(groups),
+                   stats=replace(flat.stats, stream_tokens=flat.stats.stream_tokens + state_tokens))

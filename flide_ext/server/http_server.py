@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from sglang.srt.entrypoints.systemone.protocol import SystemOneResponse
 
 from ..protocol.errors import RequestError
+from ..version import __version__
 from .metrics import Metrics
 from .tokenizer_manager import SchedulerError, TokenizerManager
 
@@ -147,7 +148,7 @@ def _document_bodies(app: FastAPI) -> None:
         if app.openapi_schema is None:
             from fastapi.openapi.utils import get_openapi
 
-            schema = get_openapi(title=app.title, version="0.1.0", description=app.description, routes=app.routes)
+            schema = get_openapi(title=app.title, version=__version__, description=app.description, routes=app.routes)
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             bodies = (("/v1/decisions", DecisionRequest), ("/v1/systemone", SystemOneRequest), ("/v1/score", ScoringRequest))
             for path, model in bodies:

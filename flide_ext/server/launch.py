@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..protocol.errors import FlideError
+from ..runtime.capacity import RoundCapacity
+
+_ROUND = RoundCapacity()  # the round-capacity defaults
 
 
 @dataclass
@@ -25,9 +28,9 @@ class ServeArgs:
     random_seed: Optional[int] = None
     context_length: Optional[int] = None
     served_model_name: Optional[str] = None
-    max_round_requests: int = 256
-    round_tokens: int = 65536
-    round_segments: int = 4096
+    max_round_requests: int = _ROUND.requests
+    round_tokens: int = _ROUND.tokens
+    round_segments: int = _ROUND.segments
     cuda_graphs: Optional[str] = None
     graph_capacities: Optional[str] = None
     log_level: str = "warning"
@@ -49,7 +52,6 @@ def serve(args: ServeArgs) -> None:
     from transformers import AutoTokenizer
 
     from ..assets.builtin_models import resolve_model_path
-    from ..runtime.rounds import RoundCapacity
     from .http_server import ServerInfo, build_app
     from .metrics import Metrics
     from .scheduler import run_scheduler

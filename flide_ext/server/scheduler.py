@@ -1,8 +1,8 @@
 """The scheduler process: owns the Engine, packs waiting requests into rounds.
 
 When a round starts, every waiting request that still fits the round's token,
-segment and request capacity joins it, in arrival order
-(:func:`flide_ext.runtime.rounds.pack_round`), so no request waits behind a
+segment and request capacity joins it, in arrival order (the engine's own
+:class:`flide_ext.runtime.rounds.RoundQueue`), so no request waits behind a
 round that could have held it; the rest wait for the next round, with whatever
 arrived meanwhile. Each round is one flat stream (``Engine.run_round``).
 """
@@ -16,7 +16,8 @@ import traceback
 import zmq
 
 from ..protocol.errors import RequestError
-from ..runtime.rounds import RequestSize, RoundCapacity, pack_round, request_size
+from ..runtime.capacity import RoundCapacity
+from ..runtime.rounds import RoundQueue, request_size
 from .io_struct import SchedulerReady, ScoreDone, ScoreWork
 
 logger = logging.getLogger(__name__)
@@ -47,10 +48,10 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
         return
     done.send_pyobj(SchedulerReady(engine.vocab_size, engine.context_length, {"path": str(engine.path)}))
     parent = os.getppid()
-    waiting: list[tuple[ScoreWork, RequestSize]] = []
+    waiting: RoundQueue[ScoreWork] = RoundQueue(capacity)
     while True:
         # Wake up now and then to notice a parent that died without stopping us.
-        while not waiting and not work.poll(1000):
+        while not len(waiting) and not work.poll(1000):
             if os.getppid() != parent:
                 return
         while True:
@@ -58,23 +59,17 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
                 w = work.recv_pyobj(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            size = request_size(w.prompts)
             try:
-                capacity.check(size)
+                waiting.put(w, request_size(w.prompts))
             except RequestError as e:
                 done.send_pyobj(ScoreDone(w.rid, error=str(e)))
-                continue
-            waiting.append((w, size))
-        if not waiting:
+        batch = waiting.next_round()
+        if not batch:
             continue
-        taken = set(pack_round([size for _, size in waiting], capacity))
-        batch = [w for i, (w, _) in enumerate(waiting) if i in taken]
-        waiting = [item for i, item in enumerate(waiting) if i not in taken]
         try:
-            results = engine.run_round([(w.prompts, w.labels) for w in batch], [w.keep_state for w in batch])
-            stream = engine.last_request_stream_tokens
-            for i, (w, logprobs) in enumerate(zip(batch, results)):
-                done.send_pyobj(ScoreDone(w.rid, logprobs, stream[i], len(batch)))
+            result = engine.run_round([(w.prompts, w.labels) for w in batch], [w.keep_state for w in batch])
+            for w, logprobs, stream in zip(batch, result.answers, result.stream_tokens):
+                done.send_pyobj(ScoreDone(w.rid, logprobs, stream, len(batch)))
         except Exception:
             message = traceback.format_exc(limit=3)
             logger.error("round failed: %s", message)

@@ -1,0 +1,64 @@
+"""ForkAttention: attention over a round's flat stream under the fork visibility
+rule (the rule and its reference in :mod:`.reference`). This module is the public
+function: argument checks and dispatch to the reference or the Triton kernel
+(:mod:`.kernel`, with its host tables in :mod:`.paths`)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..arguments import check_groups, check_window
+from ..dispatch import backend_for
+from .paths import PATH_DEPTH, path_tables
+from .reference import fork_attention_ref
+
+__all__ = ["PATH_DEPTH", "fork_attention", "fork_attention_ref", "path_tables", "tokens_per_block"]
+
+
+def fork_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seg_parent: torch.Tensor,
+    seg_start: torch.Tensor,
+    seg_len: torch.Tensor,
+    seg_kv_start: torch.Tensor,
+    seg_kv_len: torch.Tensor,
+    positions: torch.Tensor,
+    kv_positions: torch.Tensor,
+    scale: float,
+    sliding_window: Optional[int] = None,
+    tables: Optional[tuple] = None,
+    backend: Optional[str] = None,
+) -> torch.Tensor:
+    """ForkAttention; arguments, shapes and result as
+    :func:`~.reference.fork_attention_ref`. ``backend``
+    (:mod:`flide_ext.kernels.dispatch`): the Triton kernel (head sizes up to 256;
+    ``tables``, the round's precomputed metadata, sized for this model's tile
+    shape, fixes its grid for CUDA graphs) or the reference (which ignores
+    ``tables``).
+
+    Raises:
+        ValueError: ``Hq`` not a multiple of ``Hkv``; a sliding window below 1 or
+            not whole; on the Triton path a head size over 256 or a segment path
+            deeper than ``PATH_DEPTH``.
+    """
+    check_groups(q.shape[1], k.shape[1], "query heads", "key heads")
+    check_window(sliding_window)
+    args = (q, k, v, seg_parent, seg_start, seg_len, seg_kv_start, seg_kv_len, positions, kv_positions, scale,
+            sliding_window, tables)
+    if backend_for(q, backend) == "triton":
+        from .kernel import fork_attention_triton
+
+        return fork_attention_triton(*args)
+    return fork_attention_ref(*args)
+
+
+def tokens_per_block(D: int, dtype: torch.dtype, group: int) -> int:
+    """Stream rows one Triton program covers for head size ``D``, ``dtype`` and
+    ``group`` query heads per key head (the block size of the round's tables)."""
+    from .kernel import tokens_per_block as rows
+
+    return rows(D, dtype, group)

@@ -1,0 +1,64 @@
+"""RMSNorm over the last dimension (Zhang & Sennrich, 2019, "Root Mean Square Layer
+Normalization"), in the three roundings the supported checkpoints use, with an
+optional SiLU gate; one Triton launch per call on the GPU.
+
+* ``"cast"`` (Llama, Qwen3): ``w * (x * rstd).to(dtype)``, the product rounded again.
+* ``"offset"`` (Qwen3.5 / Qwen3-Next, weights stored as offsets from 1):
+  ``(x * rstd * (1 + w)).to(dtype)``, all in float32.
+* ``"cast"`` with ``gate`` (the Qwen3.5 GDN output norm):
+  ``((w * (x * rstd).to(dtype)).float() * silu(gate.float())).to(dtype)``.
+
+with ``rstd = 1 / sqrt(mean(x.float()^2) + eps)``. Each of those is the Hugging Face
+module's own order of roundings (``LlamaRMSNorm``, ``Qwen3_5RMSNorm``,
+``Qwen3_5RMSNormGated`` in transformers), so a bf16 run rounds where the checkpoint's
+reference does; unfused, a norm is about nine element-wise launches, which in a
+flat CUDA graph of a few hundred rows cost more than the norm's arithmetic.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+
+MODES = ("cast", "offset")
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = "cast",
+                 gate: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None):
+    """Plain PyTorch reference.
+
+    Args:
+        x: ``[..., D]`` float tensor (any strides).
+        weight: ``[D]`` scale (``"cast"``) or offset from 1 (``"offset"``).
+        eps: added to the mean square.
+        mode: ``"cast"`` or ``"offset"`` (module docstring).
+        gate: ``[..., D]`` like ``x``, or None; only with ``"cast"``.
+        residual: ``[..., D]`` like ``x`` (shape and dtype), or None: the
+            pre-norm decoder's residual stream. Then the norm is of ``x +
+            residual`` (rounded to ``x.dtype``, as torch's add), which is also
+            returned, for the next layer.
+
+    Returns:
+        ``[..., D]`` in ``x.dtype`` (``"cast"`` without gate: in the promotion
+        of ``weight.dtype`` and ``x.dtype``, as the modules); with ``residual``
+        the pair ``(normalised, x + residual)``.
+
+    Raises:
+        ValueError: an unknown mode, a gate with ``"offset"`` or with a
+            residual, or shapes or dtypes that differ.
+    """
+    if residual is not None:
+        total = x + residual
+        return rms_norm_ref(total, weight, eps, mode), total
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    if mode == "offset":
+        return (h * (1.0 + weight.float())).to(dtype)
+    h = weight * h.to(dtype)
+    if gate is None:
+        return h
+    return (h * F.silu(gate.float())).to(dtype)

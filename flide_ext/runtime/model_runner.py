@@ -1,0 +1,209 @@
+"""The model runner: one model's weights, its GDN state pool, its CUDA graphs,
+and the forward pass of a planned round.
+
+The engine above it decides what a round holds (requests, checkpoints to resume
+from and keep); the runner computes it: it assigns the round's GDN state slots,
+runs the model (a flat graph's replay or the same kernels eagerly) and hands
+back the labels' log-probabilities.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+
+from ..assets.builtin_models import resolve_model_path
+from ..kernels.dispatch import environment_backend
+from ..models.loader import load_model
+from ..plan.flat import FlatPlan
+from ..protocol.errors import ModelLoadError
+from .capacity import RoundCapacity
+from .graph_runner import MODES, GraphCapacity, GraphRunner, default_capacities
+from .round_buffers import device_round
+from .state_pool import StatePool
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(dtype: Union[str, torch.dtype]) -> torch.dtype:
+    """``"float32"``, ``"bfloat16"``, ``"float16"`` or a torch dtype -> the torch dtype.
+
+    Raises:
+        ValueError: an unknown dtype name.
+    """
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        return DTYPES[dtype]
+    return dtype
+
+
+def check_device(device) -> torch.device:
+    """The torch device, if Flide can run there.
+
+    Raises:
+        ModelLoadError: not a torch device, CUDA asked for where there is none, or
+            a device type other than cpu and cuda.
+    """
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise ModelLoadError(f"device {device!r} is not a torch device: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {str(device)!r}: no CUDA device is available here")
+    if device.type not in ("cpu", "cuda"):
+        raise ModelLoadError(f"device {str(device)!r}: only cpu and cuda are supported")
+    return device
+
+
+class ModelRunner:
+    """One model ready to run rounds.
+
+    Args:
+        model_path: a checkpoint directory or built-in model name (ignored when
+            ``model`` is given, except as its name).
+        dtype: weights' and activations' torch dtype.
+        device: where the model runs (checked by :func:`check_device`).
+        round_capacity: the largest round (sizes the state pool and the graphs).
+        checkpoint_slots: GDN state slots to reserve for checkpoints.
+        model: an already built Flide model to run instead of loading one.
+        cuda_graphs: ``"flat"``, ``"per_shape"`` or ``"off"``
+            (:mod:`~flide_ext.runtime.graph_runner`); default ``"flat"`` on CUDA.
+        graph_capacities: the flat graphs' capacities (default
+            :func:`~flide_ext.runtime.graph_runner.default_capacities` of the round capacity).
+
+    The kernel backend is decided here, once: the references when
+    ``FLIDE_REFERENCE_KERNELS`` is set, else by device (:mod:`flide_ext.kernels.dispatch`).
+
+    Raises:
+        ModelLoadError: the model cannot be found or loaded, or the device does not exist.
+        ValueError: an unknown graph mode, graphs on a CPU device, or graph
+            capacities that are empty, larger than a round, or given without flat graphs.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        dtype: torch.dtype,
+        device: Union[str, torch.device],
+        round_capacity: RoundCapacity,
+        checkpoint_slots: int = 0,
+        model=None,
+        cuda_graphs: Optional[str] = None,
+        graph_capacities: Optional[Sequence[GraphCapacity]] = None,
+    ):
+        self.device = check_device(device)
+        on_gpu = self.device.type == "cuda"
+        cuda_graphs = cuda_graphs or ("flat" if on_gpu else "off")
+        if cuda_graphs not in MODES:
+            raise ValueError(f"cuda_graphs {cuda_graphs!r} is not one of {', '.join(MODES)}")
+        if cuda_graphs != "off" and not on_gpu:
+            raise ValueError(f"cuda_graphs {cuda_graphs!r} needs a CUDA device")
+        if graph_capacities is not None:
+            if cuda_graphs != "flat":
+                raise ValueError(f"graph_capacities only apply to cuda_graphs 'flat', not {cuda_graphs!r}")
+            big = [c for c in graph_capacities if c.tokens > round_capacity.tokens
+                   or c.segments > round_capacity.segments]
+            if not graph_capacities or big:
+                raise ValueError(f"graph capacities must be a non-empty list within the round capacity "
+                                 f"({round_capacity.tokens} tokens, {round_capacity.segments} segments)"
+                                 + (f"; {big[0]} is larger" if big else ""))
+        self.dtype = dtype
+        if model is None:
+            self.path = resolve_model_path(model_path)
+            self.model, _ = load_model(self.path, dtype, self.device)
+        else:
+            self.path, self.model = model_path, model
+        self.model.set_kernel_backend(environment_backend())
+        self.config = self.model.config  # the text part, for multimodal checkpoints
+        self.vocab_size = int(self.config.vocab_size)
+        self.state_pool = None
+        if self.model.num_gdn_layers:
+            recurrent_shape, conv_shape = self.model.gdn_state_shapes()
+            # The CPU float32 reference keeps recurrent states in float64, so a state
+            # handed from parent to child (or kept as a checkpoint) loses no bits
+            # against running the whole prompt at once.
+            exact = self.device.type == "cpu" and dtype == torch.float32
+            # On the GPU the pool starts with a slot for every request of a full
+            # round plus every checkpoint, so it rarely grows (growing replaces
+            # its tensors, and CUDA graphs over them are captured again).
+            slots = round_capacity.requests + checkpoint_slots if on_gpu else 8
+            self.state_pool = StatePool(
+                recurrent_shape, conv_shape, self.model.num_gdn_layers, dtype, self.device, capacity=max(slots, 1),
+                recurrent_dtype=torch.float64 if exact else torch.float32,
+            )
+        self.graphs = None
+        if on_gpu:
+            capacities = graph_capacities or default_capacities(round_capacity.tokens, round_capacity.segments)
+            self.graphs = GraphRunner(self.model, self.state_pool, capacities, cuda_graphs)
+            with torch.inference_mode():
+                self.graphs.capture()
+
+    @property
+    def plan_device(self) -> torch.device:
+        """Where a round's plan is built: on the host when it reaches the device
+        in one copy with every kernel's tables (:mod:`.round_buffers`)."""
+        return torch.device("cpu") if self.graphs is not None else self.device
+
+    def release_slot(self, slots) -> None:
+        """Return GDN state slots to the pool (nothing for attention-only models)."""
+        if self.state_pool is not None:
+            self.state_pool.release(slots)
+
+    def assign_slots(self, plan: FlatPlan, keep_state: Sequence[bool]) -> list[int]:
+        """Give the segments whose final state someone reads a state slot:
+        parents, and the roots of requests that keep their state.
+
+        Returns:
+            Per real segment its slot, -1 for none (empty for models without GDN layers).
+        """
+        if self.state_pool is None:
+            return []
+        needed = {seg.parent for seg in plan.tree.segments if seg.parent >= 0}
+        needed |= {s for s, seg in enumerate(plan.tree.segments) if seg.parent < 0 and keep_state[seg.request]}
+        taken = iter(self.state_pool.allocate(len(needed)))
+        slots = [next(taken) if s in needed else -1 for s in range(plan.num_segments)]
+        plan.assign_slots(slots)
+        return slots
+
+    def forward(self, plan: FlatPlan, kv_prefix=None, capture=None) -> tuple[torch.Tensor, Optional[GraphCapacity]]:
+        """Run a planned round (slots assigned).
+
+        Args:
+            plan: the round's plan, on :attr:`plan_device`.
+            kv_prefix: per attention layer ``(k, v)`` of the checkpoints resumed from, or None.
+            capture: a list to receive each attention layer's stream ``(k, v)``, or None.
+
+        Returns:
+            ``([>= R, vocab] float32 log-probabilities on the device, whose first R
+            rows are the readout rows; the graph capacity replayed, or None when
+            the round ran eagerly)``. Rounds with checkpoints run eagerly (their
+            key prefix and captured K/V vary).
+        """
+        if self.graphs is None:
+            return self.model(plan, self.state_pool, kv_prefix, capture), None
+        if kv_prefix is None and capture is None:
+            return self.graphs.run(plan)
+        device_plan = device_round(plan, self.graphs.spec, self.device)
+        return self.model(device_plan, self.state_pool, kv_prefix, capture), None
+
+    @staticmethod
+    def gather_labels(logprobs: torch.Tensor, rows: Sequence[int], labels: Sequence[Sequence[int]]) -> list:
+        """Per prompt, the log-probabilities of its labels (Python floats): only
+        those leave the device.
+
+        Args:
+            logprobs: ``[>= R, vocab]`` the round's readout log-probabilities.
+            rows: per prompt, its row in ``logprobs``.
+            labels: per prompt, its label token ids.
+        """
+        flat_rows = [row for row, ids in zip(rows, labels) for _ in ids]
+        flat_ids = [i for ids in labels for i in ids]
+        index = torch.tensor([flat_rows, flat_ids], dtype=torch.long).to(logprobs.device, non_blocking=True)
+        values = logprobs[index[0], index[1]].tolist()
+        out, at = [], 0
+        for ids in labels:
+            out.append(values[at:at + len(ids)])
+            at += len(ids)
+        return out

@@ -1,0 +1,85 @@
+"""What a round (or a batch of rounds) gives back: the answers and what it took
+to compute them, returned to the caller rather than left on the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+
+@dataclass
+class RoundStats:
+    """What one round computed.
+
+    Attributes:
+        requests: requests answered in the round.
+        questions: prompts answered (one per question).
+        prompt_tokens: sum of every question's full prompt length (what one
+            sequence per question would compute).
+        stream_tokens: tokens in the flat stream (what Flide computed).
+        segments: segments in the prefix tree.
+        levels: depth of the deepest tree + 1.
+        resumed_tokens: state tokens not recomputed because a request resumed
+            from a checkpoint (counted once per request).
+    """
+
+    requests: int = 0
+    questions: int = 0
+    prompt_tokens: int = 0
+    stream_tokens: int = 0
+    segments: int = 0
+    levels: int = 0
+    resumed_tokens: int = 0
+
+    @property
+    def tokens_saved(self) -> int:
+        return self.prompt_tokens - self.stream_tokens
+
+    def plus(self, other: "RoundStats") -> "RoundStats":
+        """Two rounds' stats together (counts add; levels is the deeper one's)."""
+        return RoundStats(
+            requests=self.requests + other.requests, questions=self.questions + other.questions,
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens, stream_tokens=self.stream_tokens + other.stream_tokens,
+            segments=self.segments + other.segments, levels=max(self.levels, other.levels),
+            resumed_tokens=self.resumed_tokens + other.resumed_tokens,
+        )
+
+
+@dataclass
+class RoundResult:
+    """One round's (or a batch's rounds') answers and accounting, per request in
+    the order the requests were given.
+
+    Attributes:
+        answers: per request, per prompt, the full-vocabulary log-probability of
+            each of its labels (Python floats from float32 log-softmax).
+        stream_tokens: per request, the flat-stream tokens of its prefix tree.
+        resumed_tokens: per request, the state tokens it resumed from a
+            checkpoint (not recomputed).
+        kept_tokens: per request, the tokens of the state kept as a checkpoint
+            (0: none kept).
+        stats: the rounds' :class:`RoundStats` together.
+        graphs: per round, the CUDA-graph capacity it replayed (None: eager).
+    """
+
+    answers: List[List[List[float]]] = field(default_factory=list)
+    stream_tokens: List[int] = field(default_factory=list)
+    resumed_tokens: List[int] = field(default_factory=list)
+    kept_tokens: List[int] = field(default_factory=list)
+    stats: RoundStats = field(default_factory=RoundStats)
+    graphs: list = field(default_factory=list)
+
+    @property
+    def graph(self) -> Optional[object]:
+        """The capacity the last round replayed (None: eager or no round)."""
+        return self.graphs[-1] if self.graphs else None
+
+
+class BatchAnswers(list):
+    """A batch's answers in request order (each an answer or the RequestError that
+    kept its request out), with the :class:`RoundStats` of the rounds that
+    answered them as ``stats``."""
+
+    def __init__(self, items=(), stats: Optional[RoundStats] = None):
+        super().__init__(items)
+        self.stats = stats if stats is not None else RoundStats()
