@@ -9,11 +9,7 @@ set -uo pipefail
 STEPS=${*:-check model4b gdn attention states tree}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 OUT=${OUT:-results}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site || exit 1
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$OUT/gpu.txt"
+source scripts/gpu_site.sh
 want check && timeout 250 python3 benchmark/kernels/check_kernels.py --skip-4b --out "$OUT/check_kernels.json" \
     > "$OUT/check_kernels.log" 2>&1
 want model4b && timeout 200 python3 benchmark/kernels/check_kernels.py --only 4B --out "$OUT/check_4b.json" \

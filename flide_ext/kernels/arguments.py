@@ -61,3 +61,10 @@ def check_heads(key_heads: int, value_heads: int) -> None:
         ValueError: ``value_heads`` is not a positive multiple of ``key_heads``.
     """
     check_groups(value_heads, key_heads, "value heads", "key heads")
+
+
+def argument(args: tuple, kwargs: dict, index: int, name: str, default=None):
+    """A call's argument ``name``, given at position ``index`` or by keyword (else
+    ``default``): what a public kernel function passing ``*args, **kwargs`` on to
+    its reference or kernel reads for its checks."""
+    return args[index] if len(args) > index else kwargs.get(name, default)

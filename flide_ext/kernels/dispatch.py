@@ -12,8 +12,9 @@ imported), which is how the tests run them on a machine without a GPU.
 
 from __future__ import annotations
 
+import inspect
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -39,3 +40,17 @@ def environment_backend() -> Optional[str]:
     """``"reference"`` when :data:`REFERENCE_ENV` asks for the references, else None
     (by device). Read once per model, when it is loaded."""
     return "reference" if os.environ.get(REFERENCE_ENV, "") not in ("", "0") else None
+
+
+def reference_signature(reference: Callable) -> Callable:
+    """Decorator of a public ``(*args, backend=None, **kwargs)`` function: gives it
+    ``reference``'s signature plus the keyword ``backend`` (what ``help()`` and
+    ``inspect.signature`` show), so the long argument lists are written once."""
+
+    def decorate(public: Callable) -> Callable:
+        signature = inspect.signature(reference)
+        backend = inspect.Parameter("backend", inspect.Parameter.KEYWORD_ONLY, default=None)
+        public.__signature__ = signature.replace(parameters=[*signature.parameters.values(), backend])
+        return public
+
+    return decorate

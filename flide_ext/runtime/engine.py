@@ -40,6 +40,13 @@ def _serialised(method):
     return wrapper
 
 
+def _only(answers: list):
+    """The one answer of a one-request batch; its RequestError is raised."""
+    if isinstance(answers[0], RequestError):
+        raise answers[0]
+    return answers[0]
+
+
 class Engine:
     """Flide's decision engine over one model.
 
@@ -261,10 +268,7 @@ class Engine:
 
     def score_tokens(self, request: Union[TokenRequest, dict]) -> TokenAnswer:
         """Answer one TokenRequest. Raises RequestError for bad input."""
-        result = self.score_tokens_batch([request])[0]
-        if isinstance(result, RequestError):
-            raise result
-        return result
+        return _only(self.score_tokens_batch([request]))
 
     @_serialised
     def score_tokens_batch(self, requests: Sequence[Any]) -> BatchAnswers:
@@ -316,10 +320,7 @@ class Engine:
         Raises:
             RequestError: naming the offending field.
         """
-        result = self.decide_batch([request])[0]
-        if isinstance(result, RequestError):
-            raise result
-        return result
+        return _only(self.decide_batch([request]))
 
     @_serialised
     def decide_batch(self, requests: Sequence[Any]) -> BatchAnswers:

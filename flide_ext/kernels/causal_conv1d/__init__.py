@@ -8,7 +8,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..dispatch import backend_for
+from ..arguments import argument
+from ..dispatch import backend_for, reference_signature
 from .reference import causal_conv1d_ref, causal_conv1d_tree_ref
 
 __all__ = ["causal_conv1d", "causal_conv1d_ref", "causal_conv1d_tree", "causal_conv1d_tree_ref", "check_split"]
@@ -31,19 +32,8 @@ def _check_activation(activation) -> None:
         raise ValueError(f"activation {activation!r} is not supported")
 
 
-def causal_conv1d(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    conv_pool: torch.Tensor,
-    seg_start: torch.Tensor,
-    seg_len: torch.Tensor,
-    initial_slot: torch.Tensor,
-    final_slot: torch.Tensor,
-    activation: Optional[str] = "silu",
-    out: Optional[torch.Tensor] = None,
-    backend: Optional[str] = None,
-) -> torch.Tensor:
+@reference_signature(causal_conv1d_ref)
+def causal_conv1d(*args, backend: Optional[str] = None, **kwargs) -> torch.Tensor:
     """The conv over some segments (e.g. one tree level); arguments, shapes and
     result as :func:`~.reference.causal_conv1d_ref`; ``backend`` as
     :mod:`flide_ext.kernels.dispatch`.
@@ -52,30 +42,16 @@ def causal_conv1d(
         ValueError: an unsupported activation; on the Triton path ``out`` or
             ``conv_pool`` not contiguous.
     """
-    _check_activation(activation)
-    args = (x, weight, bias, conv_pool, seg_start, seg_len, initial_slot, final_slot, activation, out)
-    if backend_for(x, backend) == "triton":
+    _check_activation(argument(args, kwargs, 8, "activation", "silu"))
+    if backend_for(argument(args, kwargs, 0, "x"), backend) == "triton":
         from .kernel import causal_conv1d_triton
 
-        return causal_conv1d_triton(*args)
-    return causal_conv1d_ref(*args)
+        return causal_conv1d_triton(*args, **kwargs)
+    return causal_conv1d_ref(*args, **kwargs)
 
 
-def causal_conv1d_tree(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    conv_pool: torch.Tensor,
-    token_segment: torch.Tensor,
-    seg_start: torch.Tensor,
-    seg_len: torch.Tensor,
-    history: torch.Tensor,
-    history_slot: torch.Tensor,
-    final_slot: torch.Tensor,
-    activation: Optional[str] = "silu",
-    split: Optional[Sequence[int]] = None,
-    backend: Optional[str] = None,
-):
+@reference_signature(causal_conv1d_tree_ref)
+def causal_conv1d_tree(*args, backend: Optional[str] = None, **kwargs):
     """The conv over a whole prefix tree at once; arguments, shapes and result as
     :func:`~.reference.causal_conv1d_tree_ref`; ``backend`` as
     :mod:`flide_ext.kernels.dispatch`.
@@ -85,12 +61,11 @@ def causal_conv1d_tree(
             groups, or not summing to ``C``; on the Triton path ``conv_pool`` not
             contiguous.
     """
-    _check_activation(activation)
-    check_split(split, x.shape[1])
-    args = (x, weight, bias, conv_pool, token_segment, seg_start, seg_len, history, history_slot, final_slot,
-            activation, split)
+    x = argument(args, kwargs, 0, "x")
+    _check_activation(argument(args, kwargs, 10, "activation", "silu"))
+    check_split(argument(args, kwargs, 11, "split"), x.shape[1])
     if backend_for(x, backend) == "triton":
         from .kernel import causal_conv1d_tree_triton
 
-        return causal_conv1d_tree_triton(*args)
-    return causal_conv1d_tree_ref(*args)
+        return causal_conv1d_tree_triton(*args, **kwargs)
+    return causal_conv1d_tree_ref(*args, **kwargs)

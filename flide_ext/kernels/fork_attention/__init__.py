@@ -9,30 +9,16 @@ from typing import Optional
 
 import torch
 
-from ..arguments import check_groups, check_window
-from ..dispatch import backend_for
+from ..arguments import argument, check_groups, check_window
+from ..dispatch import backend_for, reference_signature
 from .paths import PATH_DEPTH, path_tables
 from .reference import fork_attention_ref
 
 __all__ = ["PATH_DEPTH", "fork_attention", "fork_attention_ref", "path_tables", "tokens_per_block"]
 
 
-def fork_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    seg_parent: torch.Tensor,
-    seg_start: torch.Tensor,
-    seg_len: torch.Tensor,
-    seg_kv_start: torch.Tensor,
-    seg_kv_len: torch.Tensor,
-    positions: torch.Tensor,
-    kv_positions: torch.Tensor,
-    scale: float,
-    sliding_window: Optional[int] = None,
-    tables: Optional[tuple] = None,
-    backend: Optional[str] = None,
-) -> torch.Tensor:
+@reference_signature(fork_attention_ref)
+def fork_attention(*args, backend: Optional[str] = None, **kwargs) -> torch.Tensor:
     """ForkAttention; arguments, shapes and result as
     :func:`~.reference.fork_attention_ref`. ``backend``
     (:mod:`flide_ext.kernels.dispatch`): the Triton kernel (head sizes up to 256;
@@ -45,15 +31,14 @@ def fork_attention(
             not whole; on the Triton path a head size over 256 or a segment path
             deeper than ``PATH_DEPTH``.
     """
+    q, k = argument(args, kwargs, 0, "q"), argument(args, kwargs, 1, "k")
     check_groups(q.shape[1], k.shape[1], "query heads", "key heads")
-    check_window(sliding_window)
-    args = (q, k, v, seg_parent, seg_start, seg_len, seg_kv_start, seg_kv_len, positions, kv_positions, scale,
-            sliding_window, tables)
+    check_window(argument(args, kwargs, 11, "sliding_window"))
     if backend_for(q, backend) == "triton":
         from .kernel import fork_attention_triton
 
-        return fork_attention_triton(*args)
-    return fork_attention_ref(*args)
+        return fork_attention_triton(*args, **kwargs)
+    return fork_attention_ref(*args, **kwargs)
 
 
 def tokens_per_block(D: int, dtype: torch.dtype, group: int) -> int:

@@ -125,7 +125,7 @@ def _fork_attention_kernel(
 
 # Tile shapes, fixed per (head size, dtype, GQA group) and never per round, so
 # a question's tiles do not depend on what else is in the round. Chosen on the
-# H200 by benchmark/kernels/sweep_fork_attention.py (benchmark/results/).
+# H200 by benchmark/kernels/sweep_kernels.py (benchmark/results/kernels/sweep.json).
 # (BLOCK_M rows, BLOCK_N keys, num_warps, num_stages, pack GQA heads into rows)
 TILE_OVERRIDE = None
 

@@ -11,12 +11,12 @@ trees) and :mod:`.tree_kernel` (a level or a whole tree composed of those).
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
-from ..arguments import check_heads
-from ..dispatch import backend_for
+from ..arguments import argument, check_heads
+from ..dispatch import backend_for, reference_signature
 from .chunks import CHUNK, ChunkSteps
 from .fla_steps import fla_available, fla_steps
 from .reference import (
@@ -69,23 +69,8 @@ def needs_level_tables(x: torch.Tensor, tables, backend: Optional[str] = None) -
     return not (tables is not None and backend_for(x, backend) == "triton" and table_steps(x) is not None)
 
 
-def chunk_gated_delta_rule(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    scale: float,
-    state_pool: torch.Tensor,
-    seg_start: torch.Tensor,
-    seg_len: torch.Tensor,
-    initial_slot: torch.Tensor,
-    final_slot: torch.Tensor,
-    use_qk_l2norm: bool = True,
-    out: Optional[torch.Tensor] = None,
-    chunk_size: int = CHUNK,
-    backend: Optional[str] = None,
-) -> torch.Tensor:
+@reference_signature(chunk_gated_delta_rule_ref)
+def chunk_gated_delta_rule(*args, backend: Optional[str] = None, **kwargs) -> torch.Tensor:
     """One tree level; arguments and result as :func:`~.reference.chunk_gated_delta_rule_ref`.
     ``backend`` (:mod:`flide_ext.kernels.dispatch`): the GPU path
     (:func:`~.tree_kernel.gated_delta_rule_forked`) or the reference.
@@ -95,31 +80,20 @@ def chunk_gated_delta_rule(
             than ``CHUNK`` (fla's WY kernels are built for 64-row chunks), or a
             level whose segments do not lie back to back in stream order.
     """
+    k, v = argument(args, kwargs, 1, "k"), argument(args, kwargs, 2, "v")
     check_heads(k.shape[1], v.shape[1])
-    args = (q, k, v, g, beta, scale, state_pool, seg_start, seg_len, initial_slot, final_slot, use_qk_l2norm, out)
     if backend_for(v, backend) == "triton":
+        chunk_size = kwargs.pop("chunk_size", args[13] if len(args) > 13 else CHUNK)
         if chunk_size != CHUNK:
             raise ValueError(f"the GPU gated delta rule runs {CHUNK}-row chunks, not chunk_size={chunk_size}")
         from .tree_kernel import gated_delta_rule_forked
 
-        return gated_delta_rule_forked(*args)
-    return chunk_gated_delta_rule_ref(*args, chunk_size=chunk_size)
+        return gated_delta_rule_forked(*args[:13], **kwargs)
+    return chunk_gated_delta_rule_ref(*args, **kwargs)
 
 
-def gated_delta_rule_tree(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    scale: float,
-    state_pool: torch.Tensor,
-    levels: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
-    use_qk_l2norm: bool = True,
-    out: Optional[torch.Tensor] = None,
-    tables=None,
-    backend: Optional[str] = None,
-) -> torch.Tensor:
+@reference_signature(gated_delta_rule_tree_ref)
+def gated_delta_rule_tree(*args, backend: Optional[str] = None, **kwargs) -> torch.Tensor:
     """A whole prefix tree; arguments and result as :func:`~.reference.gated_delta_rule_tree_ref`.
     ``backend`` (:mod:`flide_ext.kernels.dispatch`): the GPU pass
     (:func:`~.tree_kernel.gated_delta_rule_tree_triton`, with the round's
@@ -131,11 +105,12 @@ def gated_delta_rule_tree(
             contiguous, or a level whose segments do not lie back to back in
             stream order.
     """
+    k, v = argument(args, kwargs, 1, "k"), argument(args, kwargs, 2, "v")
     check_heads(k.shape[1], v.shape[1])
     if backend_for(v, backend) == "triton":
         from .tree_kernel import gated_delta_rule_tree_triton
 
+        tables = argument(args, kwargs, 10, "tables")
         steps = table_steps(v) if tables is not None else None
-        return gated_delta_rule_tree_triton(q, k, v, g, beta, scale, state_pool, levels, use_qk_l2norm, out, tables,
-                                            steps)
-    return gated_delta_rule_tree_ref(q, k, v, g, beta, scale, state_pool, levels, use_qk_l2norm, out, tables)
+        return gated_delta_rule_tree_triton(*args, table_steps=steps, **kwargs)
+    return gated_delta_rule_tree_ref(*args, **kwargs)

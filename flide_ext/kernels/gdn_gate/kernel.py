@@ -37,7 +37,7 @@ def gdn_gate_triton(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bi
     """:func:`flide_ext.kernels.gdn_gate.gdn_gate_ref`'s contract.
 
     Raises:
-        ValueError: as the reference, or ``a``/``b`` not float32, bfloat16 or float16.
+        ValueError: ``a``/``b`` not float32, bfloat16 or float16.
     """
     check_float32_math_dtypes("gdn_gate_triton", a=a, b=b)
     A_log, dt_bias = A_log.contiguous(), dt_bias.contiguous()

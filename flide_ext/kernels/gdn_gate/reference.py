@@ -22,8 +22,7 @@ def gdn_gate_ref(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias:
     Returns:
         ``(g, beta)``: ``g`` ``[T, HV]`` float32 (<= 0), ``beta`` ``[T, HV]`` in ``b.dtype``.
 
-    Raises:
-        ValueError: shapes that do not match.
+    Arguments are checked by :func:`flide_ext.kernels.gdn_gate.gdn_gate`.
     """
     beta = torch.sigmoid(b.double()).to(b.dtype)
     g = (-A_log.double().exp() * F.softplus(a.double() + dt_bias.double())).float()

@@ -77,8 +77,8 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str
     add included); outputs contiguous.
 
     Raises:
-        ValueError: as the reference, or a dtype other than float32, bfloat16 or
-            float16 (the kernel computes in float32).
+        ValueError: a dtype other than float32, bfloat16 or float16 (the kernel
+            computes in float32). Other arguments are checked by the public function.
     """
     check_float32_math_dtypes("rms_norm_triton", x=x, weight=weight, gate=gate, residual=residual)
     weight = weight.contiguous()

@@ -46,9 +46,7 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = 
         of ``weight.dtype`` and ``x.dtype``, as the modules); with ``residual``
         the pair ``(normalised, x + residual)``.
 
-    Raises:
-        ValueError: an unknown mode, a gate with ``"offset"`` or with a
-            residual, or shapes or dtypes that differ.
+    Arguments are checked by :func:`flide_ext.kernels.rms_norm.rms_norm`.
     """
     if residual is not None:
         total = x + residual

@@ -15,7 +15,7 @@ def _product(x, y, dtype: tl.constexpr):
     """``x * y`` (float32) rounded to ``dtype`` to nearest even, back in float32.
     bfloat16 is rounded on the bits: on the H200 the compiled conversion round
     trip gave 16% of RoPE outputs off torch's by an ulp, the bit rounding none
-    (``benchmark/results/decision/session4/``)."""
+    (``benchmark/results/kernels/probe_bf16_rounding.log``)."""
     p = x * y
     if dtype == tl.bfloat16:
         bits = p.to(tl.uint32, bitcast=True)
@@ -60,7 +60,7 @@ def rotary_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     view whose features are dense (a head split of a projection), output contiguous.
 
     Raises:
-        ValueError: as the reference, or a dtype other than float32, bfloat16 or float16.
+        ValueError: a dtype other than float32, bfloat16 or float16.
     """
     check_float32_math_dtypes("rotary_triton", x=x)
     T, H, D = x.shape

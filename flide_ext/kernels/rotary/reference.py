@@ -24,8 +24,7 @@ def rotary_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     Returns:
         ``[T, H, D]`` in ``x.dtype``: features ``[0, R)`` rotated, the rest as given.
 
-    Raises:
-        ValueError: shapes that do not match, or an odd ``R``.
+    Arguments are checked by :func:`flide_ext.kernels.rotary.rotary`.
     """
     r = cos.shape[-1]
     rot, rest = x[..., :r], x[..., r:]

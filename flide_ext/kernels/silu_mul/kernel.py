@@ -29,7 +29,7 @@ def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     any stride (the halves of one ``[T, 2I]`` projection), columns dense or copied.
 
     Raises:
-        ValueError: as the reference, or a dtype other than float32, bfloat16 or float16.
+        ValueError: a dtype other than float32, bfloat16 or float16.
     """
     check_float32_math_dtypes("silu_mul_triton", gate=gate, up=up)
     T, I = gate.shape

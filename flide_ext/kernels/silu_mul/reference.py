@@ -21,8 +21,7 @@ def silu_mul_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     Returns:
         ``[T, I]`` contiguous, in the inputs' dtype.
 
-    Raises:
-        ValueError: shapes or dtypes that differ, not 2-D, or not floating point.
+    Arguments are checked by :func:`flide_ext.kernels.silu_mul.silu_mul`.
     """
     g = gate.double()
     s = (g * torch.sigmoid(g)).to(gate.dtype).double()
