@@ -12,13 +12,14 @@ Everything comes from the checkout given by ``--tree`` (its ``flide_ext`` and it
     python benchmark/answer_digest.py --tree /path/to/old/checkout --out old.json
     python benchmark/answer_digest.py --compare old.json new.json
 
-``--compare`` prints one line per entry that differs and exits 1 if any does.
+``--compare`` (plain or gzipped JSON) prints one line per entry that differs and exits 1 if any does.
 Exit status 2 with one line on bad arguments or without CUDA.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import sys
@@ -26,8 +27,13 @@ import time
 from pathlib import Path
 
 
+def _read(path: str) -> dict:
+    data = Path(path).read_bytes()
+    return json.loads(gzip.decompress(data) if path.endswith(".gz") else data)
+
+
 def compare(old_path: str, new_path: str) -> int:
-    old, new = (json.loads(Path(p).read_text()) for p in (old_path, new_path))
+    old, new = _read(old_path), _read(new_path)
     differ = sorted(k for k in set(old["entries"]) | set(new["entries"]) if old["entries"].get(k) != new["entries"].get(k))
     for key in differ:
         print(f"DIFFERS {key}")
