@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,11 +13,10 @@ if not torch.cuda.is_available():
     # before anything imports triton (transformers and accelerate may).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-sys.path.insert(0, str(Path(__file__).parent))
 # The test environment is float32 on CPU; keep results independent of thread timing.
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
-from checkpoints import write_char_tokenizer, write_tiny_checkpoint  # noqa: E402
+from test.helpers.checkpoints import write_char_tokenizer, write_tiny_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="session")

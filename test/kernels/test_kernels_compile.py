@@ -6,7 +6,7 @@ interpreted test and still fail to compile on the GPU. Here each wrapper runs
 with bf16 inputs, its launches are recorded instead of run, and each recorded
 launch (argument types, constexprs, warps, stages) is compiled to a cubin for
 ``GPUTarget("cuda", 90, 32)`` with Triton's own compiler and ptxas, in a
-process without the interpreter (``gpu_compile.py``).
+process without the interpreter (``scripts/gpu_compile.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +25,8 @@ import flide_ext.kernels.fork_attention.kernel as fat
 import flide_ext.kernels.gated_delta_rule.recurrent_kernel as gdr
 import flide_ext.kernels.gated_delta_rule.states_kernel as gds
 from flide_ext.plan.flat import plan_round
+from test.helpers import ROOT
+from test.helpers.plans import keep_parent_states
 
 POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
            torch.int64: "*i64"}
@@ -84,9 +85,8 @@ def _compiled(*recorders) -> list[int]:
     """Compile every recorded launch for sm_90 in a fresh process; launches per recorder."""
     launches = [describe(r, a, k) for r in recorders for a, k in r.launches]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[1]
-    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("gpu_compile.py"))],
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_compile.py")],
                           input=json.dumps(launches), capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("bytes of cubin") == len(launches)
@@ -135,9 +135,7 @@ def test_table_driven_kernels_compile_for_h200(monkeypatch):
     from flide_ext.kernels.tables import TableCapacity, build_tables
     from flide_ext.runtime.round_buffers import RoundBuffers
 
-    plan = _plan()
-    parents = {seg.parent for seg in plan.tree.segments if seg.parent >= 0}
-    plan.assign_slots([s if s in parents else -1 for s in range(plan.num_segments)])
+    plan = keep_parent_states(_plan())
     cap = TableCapacity(tokens=512, segments=16, levels=4)
     tables = RoundBuffers("cpu").write(plan, build_tables(plan, cap, 4, 32, level_programs=17)).tables
     T, H, HV, K, V = cap.tokens, 16, 32, 128, 128

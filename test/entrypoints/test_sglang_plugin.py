@@ -3,16 +3,16 @@ launcher (the plugin is found through the ``sglang.srt.plugins`` entry point).""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import requests
 
 from flide_ext import Engine
-from test_server import choice, free_port, wait_for_health
+from test.helpers.decisions import choice
+from test.helpers.processes import free_port, quiet_env, wait_for_health
 
-ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
+ENV = quiet_env()
 
 
 def launch(*args, **kwargs):

@@ -3,27 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-EXAMPLES = Path(__file__).parent.parent / "examples" / "decisions.jsonl"
-
-
-def flide(*args, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-m", "flide_ext.entrypoints.cli", *args], capture_output=True, text=True, cwd=cwd,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=600,
-    )
+from test.helpers.decisions import EXAMPLE_DECISIONS
+from test.helpers.processes import flide
 
 
 def test_main_job_on_the_bundled_examples(tmp_path, smollm2_engine):
     out = tmp_path / "answers.jsonl"
-    run = flide("decide", "--model", "smollm2-135m", "--input", str(EXAMPLES), "--output", str(out))
+    run = flide("decide", "--model", "smollm2-135m", "--input", str(EXAMPLE_DECISIONS), "--output", str(out))
     assert run.returncode == 0, run.stderr
-    entries = [json.loads(line) for line in EXAMPLES.read_text().splitlines()]
+    entries = [json.loads(line) for line in EXAMPLE_DECISIONS.read_text().splitlines()]
     answers = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(entries) >= 20 and [a["id"] for a in answers] == [e["id"] for e in entries]
     correct = total = 0

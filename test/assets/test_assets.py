@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from checkpoints import hf_label_logprobs, tiny_config
+from test.helpers.checkpoints import hf_label_logprobs, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,5 @@ def test_conditional_generation_checkpoint_loads(tmp_path):
     engine = Engine(str(tmp_path / "vl"))
     prompt = list(range(5, 45))
     got = engine.score_tokens({"prompts": [prompt], "label_token_ids": [1, 2]}).label_logprobs[0]
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt])).logits[0, -1].float()
-    ref = torch.log_softmax(logits, -1)[[1, 2]].tolist()
+    ref = hf_label_logprobs(model, prompt, [1, 2])
     assert max(abs(a - b) for a, b in zip(got, ref)) <= 1e-4

@@ -8,40 +8,20 @@ import json
 import os
 import random
 import re
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import requests
 
 from flide_ext import Engine
 from flide_ext.protocol.decisions import parse_decision_request
+from test.helpers import EXAMPLES
+from test.helpers.decisions import choice
+from test.helpers.processes import free_port, quiet_env, wait_for_health
 
 KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_health(url: str, proc, log) -> None:
-    """Wait until ``url/health`` answers 200; fail with the server log if it dies or never does."""
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        try:
-            if requests.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except requests.RequestException:
-            time.sleep(0.5)
-        if proc.poll() is not None:
-            pytest.fail("server exited: " + log.read_text())
-    proc.kill()
-    pytest.fail("server did not start: " + log.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +31,7 @@ def server(char_model_dir, tmp_path_factory):
     proc = subprocess.Popen(
         [sys.executable, "-m", "flide_ext.entrypoints.cli", "serve", "--model-path", str(char_model_dir), "--port", str(port),
          "--api-key", KEY, "--context-length", "400", "--round-tokens", "3000"],
-        stdout=open(log, "w"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        stdout=open(log, "w"), stderr=subprocess.STDOUT, env=quiet_env(),
     )
     url = f"http://127.0.0.1:{port}"
     wait_for_health(url, proc, log)
@@ -63,10 +43,6 @@ def server(char_model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine(char_model_dir):
     return Engine(str(char_model_dir), context_length=400)
-
-
-def choice(qid, n=3, question="Which one?"):
-    return {"id": qid, "type": "choice", "question": question, "options": [{"name": f"opt{i}"} for i in range(n)]}
 
 
 def random_request(rng):
@@ -214,11 +190,9 @@ def test_info_routes_and_metrics(server):
 
 
 def test_sgl_decide_example_runs_against_the_live_server(server, engine):
-    import pathlib
-
-    example = pathlib.Path(__file__).parent.parent / "examples" / "sgl_decide.py"
+    example = EXAMPLES / "sgl_decide.py"
     run = subprocess.run([sys.executable, str(example), "--url", server, "--api-key", KEY], capture_output=True,
-                         text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=300)
+                         text=True, env=quiet_env(), timeout=300)
     assert run.returncode == 0, run.stderr
     lines = dict(line.split(": ", 1) for line in run.stdout.strip().splitlines())
     assert set(lines) == {"category", "refund", "urgency"}

@@ -1,6 +1,6 @@
 """Compile recorded Triton launches for the H200 (sm_90) without a GPU.
 
-Run as a script (``python test/gpu_compile.py < launches.json``) in a process
+Run as a script (``python scripts/gpu_compile.py < launches.json``) in a process
 without ``TRITON_INTERPRET``: under the interpreter ``triton.jit`` returns
 interpreted functions and the compiler's frontend is not the one the GPU runs.
 Input: a JSON list of ``{"module", "kernel", "signature", "constexprs",

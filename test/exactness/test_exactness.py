@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from exact_checks import VOCAB, assert_exact, make_request
+from test.helpers.exact_checks import VOCAB, assert_exact, make_request
 
 FAMILIES = ["llama", "qwen3"]
 

@@ -3,7 +3,7 @@ question of a round against the same prompt alone and a transformers forward."""
 
 from __future__ import annotations
 
-from checkpoints import hf_label_logprobs
+from .checkpoints import hf_label_logprobs
 
 VOCAB = 512
 

@@ -8,7 +8,6 @@ output is compared id for id with Flide's renderer.
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,8 +15,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from flide_ext.protocol.decisions import DecisionRenderer, parse_decision_request
-
-EXAMPLES = Path(__file__).parent.parent / "examples" / "decisions.jsonl"
+from test.helpers.decisions import example_requests
 
 
 def sglang_encoder(tokenizer, context_length, toggle):
@@ -41,7 +39,7 @@ def qwen3_tokenizer_dir():
     return Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
 
 
-REQUESTS = [json.loads(line)["request"] for line in EXAMPLES.read_text().splitlines() if line.strip()] + [
+REQUESTS = example_requests() + [
     {
         "input": {"ticket": 4471, "lines": ["charged twice", "refund please"]},
         "questions": [

@@ -6,10 +6,7 @@ from __future__ import annotations
 import pytest
 
 from flide_ext import Engine, ModelLoadError, RequestError
-
-
-def choice(qid="q", n=3, question="Which one?"):
-    return {"id": qid, "type": "choice", "question": question, "options": [{"name": f"opt{i}"} for i in range(n)]}
+from test.helpers.decisions import choice
 
 
 def score(qid="s", n=3):

@@ -8,8 +8,9 @@ import random
 
 import pytest
 
-from checkpoints import hf_label_logprobs
-from exact_checks import VOCAB, assert_exact, make_request
+from test.helpers.checkpoints import hf_label_logprobs, write_tiny_checkpoint
+from test.helpers.exact_checks import VOCAB, assert_exact, make_request
+from test.helpers.processes import flide
 
 HYBRIDS = ["qwen3_5", "qwen3_next"]
 
@@ -134,11 +135,7 @@ def test_flide_decide_with_a_qwen35_checkpoint_directory(tmp_path):
     """A tiny Qwen3.5 with the real Qwen3.5 tokenizer (vocabulary 248,320) answers
     decision requests through the CLI, and the answers match the engine's."""
     import json
-    import os
-    import subprocess
-    import sys
 
-    from checkpoints import write_tiny_checkpoint
     from flide_ext import Engine
     from flide_ext.assets.qwen35_tokenizer import write_qwen35_tokenizer
 
@@ -154,10 +151,7 @@ def test_flide_decide_with_a_qwen35_checkpoint_directory(tmp_path):
     }
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"id": "r1", "request": request}) + "\n")
-    run = subprocess.run(
-        [sys.executable, "-m", "flide_ext.entrypoints.cli", "decide", "--model", str(model), "--input", str(src)],
-        capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=600,
-    )
+    run = flide("decide", "--model", str(model), "--input", str(src))
     assert run.returncode == 0, run.stderr
     got = json.loads(run.stdout)["response"]["answers"]
     want = Engine(str(model)).decide(request).model_dump(exclude_none=True)["answers"]
@@ -170,7 +164,6 @@ def test_flide_decide_with_a_qwen35_checkpoint_directory(tmp_path):
 def test_forked_and_resumed_are_bitwise_alone(family, tmp_path):
     """With peaked logits (label log-probabilities far below zero), a question in a
     round and after successive resumes gives the same bits as alone."""
-    from checkpoints import write_tiny_checkpoint
     from flide_ext import Engine
 
     directory = write_tiny_checkpoint(tmp_path / family, family, seed=5, head_scale=20.0)

@@ -24,6 +24,7 @@ from flide_ext.runtime.graph_runner import (
     parse_capacities,
 )
 from flide_ext.runtime.round_buffers import RoundBuffers, device_round, pad_plan
+from test.helpers.plans import keep_parent_states
 
 
 def _round(seed=3, state=70):
@@ -36,11 +37,7 @@ def _round(seed=3, state=70):
 
 def _planned(model, requests, prompts, resume=None):
     plan = plan_round(requests, prompts, "cpu", resume)
-    if model.num_gdn_layers:
-        # Every parent keeps its state in a slot (the engine's rule).
-        parents = {seg.parent for seg in plan.tree.segments if seg.parent >= 0}
-        plan.assign_slots([s if s in parents else -1 for s in range(plan.num_segments)])
-    return plan
+    return keep_parent_states(plan) if model.num_gdn_layers else plan
 
 
 def _pool(engine):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from test.helpers import ROOT
+
 SCRIPT = ROOT / "benchmark" / "bench_decision.py"
 
 

@@ -7,19 +7,12 @@ same argmax; the DecisionResponse must carry exactly those numbers.
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
-from pathlib import Path
 
-from checkpoints import hf_label_logprobs
-
-EXAMPLES = Path(__file__).parent.parent / "examples" / "decisions.jsonl"
-
-
-def example_requests():
-    return [json.loads(line)["request"] for line in EXAMPLES.read_text().splitlines() if line.strip()]
+from test.helpers.checkpoints import hf_label_logprobs
+from test.helpers.decisions import example_requests
 
 
 def test_round_equals_alone_and_transformers(smollm2_engine, smollm2_hf):

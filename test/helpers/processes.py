@@ -1,0 +1,46 @@
+"""Subprocesses as a user starts them: the ``flide`` CLI, and a server waited for."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+
+def quiet_env() -> dict:
+    """This process's environment with Python's warnings off (the child's stderr is checked)."""
+    return {**os.environ, "PYTHONWARNINGS": "ignore"}
+
+
+def flide(*args, cwd=None):
+    """Run ``flide ARGS`` (``python -m flide_ext.entrypoints.cli``) to completion."""
+    return subprocess.run(
+        [sys.executable, "-m", "flide_ext.entrypoints.cli", *args], capture_output=True, text=True, cwd=cwd,
+        env=quiet_env(), timeout=600,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_health(url: str, proc, log) -> None:
+    """Wait until ``url/health`` answers 200; fail with the server log if it dies or never does."""
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        try:
+            if requests.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            time.sleep(0.5)
+        if proc.poll() is not None:
+            pytest.fail("server exited: " + log.read_text())
+    proc.kill()
+    pytest.fail("server did not start: " + log.read_text())
