@@ -12,6 +12,7 @@ imported), which is how the tests run them on a machine without a GPU.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from typing import Callable, Optional
@@ -30,10 +31,15 @@ def check_backend(backend: Optional[str]) -> None:
 
 
 def backend_for(x: torch.Tensor, backend: Optional[str]) -> str:
-    """``backend`` when given, else ``"triton"`` for CUDA tensors and ``"reference"`` otherwise."""
-    if backend is not None:
-        return backend
-    return "triton" if x.is_cuda else "reference"
+    """``backend`` when given, else ``"triton"`` for CUDA tensors and ``"reference"`` otherwise.
+
+    Raises:
+        ValueError: ``backend`` is not None or one of :data:`BACKENDS`.
+    """
+    if backend is None:
+        return "triton" if x.is_cuda else "reference"
+    check_backend(backend)
+    return backend
 
 
 def environment_backend() -> Optional[str]:
@@ -54,3 +60,16 @@ def reference_signature(reference: Callable) -> Callable:
         return public
 
     return decorate
+
+
+def checked_reference(public: Callable, reference: Callable) -> Callable:
+    """``reference`` as an op package exports it: the public function with
+    ``backend="reference"``, so its arguments are checked as the public
+    function's (the leaf itself trusts its caller); same name, signature and
+    docstring as the leaf."""
+
+    @functools.wraps(reference)
+    def checked(*args, **kwargs):
+        return public(*args, backend="reference", **kwargs)
+
+    return checked

@@ -109,7 +109,7 @@ class Engine:
         self.runner = ModelRunner(model_path, dtype, device, self.round_capacity, checkpoint_capacity, model,
                                   cuda_graphs, graph_capacities)
         self.dtype, self.device = dtype, self.runner.device
-        self.path, self.model, self.config = self.runner.path, self.runner.model, self.runner.config
+        self.path, self.config = self.runner.path, self.runner.config
         self.vocab_size = self.runner.vocab_size
         limit = int(getattr(self.config, "max_position_embeddings", 0) or 1 << 30)
         self.context_length = min(context_length or limit, limit)
@@ -117,6 +117,11 @@ class Engine:
         self._renderer = None
         self.checkpoints = CheckpointStore(checkpoint_capacity, self.runner.release_slot, checkpoint_max_tokens)
         self._lock = threading.RLock()
+
+    @property
+    def model(self):
+        """The model runner's Flide model."""
+        return self.runner.model
 
     @property
     def graphs(self):

@@ -74,7 +74,8 @@ class ModelRunner:
             :func:`~flide_ext.runtime.graph_runner.default_capacities` of the round capacity).
 
     The kernel backend is decided here, once: the references when
-    ``FLIDE_REFERENCE_KERNELS`` is set, else by device (:mod:`flide_ext.kernels.dispatch`).
+    ``FLIDE_REFERENCE_KERNELS`` is set, else by device for a loaded model, and
+    the given model's own otherwise (:mod:`flide_ext.kernels.dispatch`).
 
     Raises:
         ModelLoadError: the model cannot be found or loaded, or the device does not exist.
@@ -115,7 +116,11 @@ class ModelRunner:
             self.model, _ = load_model(self.path, dtype, self.device)
         else:
             self.path, self.model = model_path, model
-        self.model.set_kernel_backend(environment_backend())
+        # A model handed in keeps the backend it was given unless the
+        # environment asks for the references.
+        backend = environment_backend()
+        if model is None or backend is not None:
+            self.model.set_kernel_backend(backend)
         self.config = self.model.config  # the text part, for multimodal checkpoints
         self.vocab_size = int(self.config.vocab_size)
         self.state_pool = None

@@ -9,8 +9,8 @@ from typing import Optional, Sequence
 import torch
 
 from ..arguments import argument
-from ..dispatch import backend_for, reference_signature
-from .reference import causal_conv1d_ref, causal_conv1d_tree_ref
+from ..dispatch import backend_for, checked_reference, reference_signature
+from . import reference
 
 __all__ = ["causal_conv1d", "causal_conv1d_ref", "causal_conv1d_tree", "causal_conv1d_tree_ref", "check_split"]
 
@@ -27,45 +27,52 @@ def check_split(split: Optional[Sequence[int]], C: int) -> None:
         raise ValueError(f"split {split!r} must be one to three positive int channel counts summing to {C}")
 
 
-def _check_activation(activation) -> None:
+def _check(x: torch.Tensor, activation) -> None:
+    if x.dim() != 2:
+        raise ValueError(f"causal_conv1d: x {tuple(x.shape)} must be [T, C]")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation {activation!r} is not supported")
 
 
-@reference_signature(causal_conv1d_ref)
+@reference_signature(reference.causal_conv1d_ref)
 def causal_conv1d(*args, backend: Optional[str] = None, **kwargs) -> torch.Tensor:
     """The conv over some segments (e.g. one tree level); arguments, shapes and
     result as :func:`~.reference.causal_conv1d_ref`; ``backend`` as
     :mod:`flide_ext.kernels.dispatch`.
 
     Raises:
-        ValueError: an unsupported activation; on the Triton path ``out`` or
+        ValueError: ``x`` not 2-D; an unsupported activation; on the Triton path ``out`` or
             ``conv_pool`` not contiguous.
     """
-    _check_activation(argument(args, kwargs, 8, "activation", "silu"))
-    if backend_for(argument(args, kwargs, 0, "x"), backend) == "triton":
+    x = argument(args, kwargs, 0, "x")
+    _check(x, argument(args, kwargs, 8, "activation", "silu"))
+    if backend_for(x, backend) == "triton":
         from .kernel import causal_conv1d_triton
 
         return causal_conv1d_triton(*args, **kwargs)
-    return causal_conv1d_ref(*args, **kwargs)
+    return reference.causal_conv1d_ref(*args, **kwargs)
 
 
-@reference_signature(causal_conv1d_tree_ref)
+@reference_signature(reference.causal_conv1d_tree_ref)
 def causal_conv1d_tree(*args, backend: Optional[str] = None, **kwargs):
     """The conv over a whole prefix tree at once; arguments, shapes and result as
     :func:`~.reference.causal_conv1d_tree_ref`; ``backend`` as
     :mod:`flide_ext.kernels.dispatch`.
 
     Raises:
-        ValueError: an unsupported activation; a ``split`` of more than three
+        ValueError: ``x`` not 2-D; an unsupported activation; a ``split`` of more than three
             groups, or not summing to ``C``; on the Triton path ``conv_pool`` not
             contiguous.
     """
     x = argument(args, kwargs, 0, "x")
-    _check_activation(argument(args, kwargs, 10, "activation", "silu"))
+    _check(x, argument(args, kwargs, 10, "activation", "silu"))
     check_split(argument(args, kwargs, 11, "split"), x.shape[1])
     if backend_for(x, backend) == "triton":
         from .kernel import causal_conv1d_tree_triton
 
         return causal_conv1d_tree_triton(*args, **kwargs)
-    return causal_conv1d_tree_ref(*args, **kwargs)
+    return reference.causal_conv1d_tree_ref(*args, **kwargs)
+
+
+causal_conv1d_ref = checked_reference(causal_conv1d, reference.causal_conv1d_ref)
+causal_conv1d_tree_ref = checked_reference(causal_conv1d_tree, reference.causal_conv1d_tree_ref)

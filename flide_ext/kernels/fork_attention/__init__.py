@@ -10,14 +10,14 @@ from typing import Optional
 import torch
 
 from ..arguments import argument, check_groups, check_window
-from ..dispatch import backend_for, reference_signature
+from ..dispatch import backend_for, checked_reference, reference_signature
 from .paths import PATH_DEPTH, path_tables
-from .reference import fork_attention_ref
+from . import reference
 
 __all__ = ["PATH_DEPTH", "fork_attention", "fork_attention_ref", "path_tables", "tokens_per_block"]
 
 
-@reference_signature(fork_attention_ref)
+@reference_signature(reference.fork_attention_ref)
 def fork_attention(*args, backend: Optional[str] = None, **kwargs) -> torch.Tensor:
     """ForkAttention; arguments, shapes and result as
     :func:`~.reference.fork_attention_ref`. ``backend``
@@ -27,18 +27,21 @@ def fork_attention(*args, backend: Optional[str] = None, **kwargs) -> torch.Tens
     ``tables``).
 
     Raises:
-        ValueError: ``Hq`` not a multiple of ``Hkv``; a sliding window below 1 or
+        ValueError: ``q``, ``k`` or ``v`` not 3-D; ``Hq`` not a multiple of ``Hkv``; a sliding window below 1 or
             not whole; on the Triton path a head size over 256 or a segment path
             deeper than ``PATH_DEPTH``.
     """
-    q, k = argument(args, kwargs, 0, "q"), argument(args, kwargs, 1, "k")
+    q, k, v = (argument(args, kwargs, i, name) for i, name in enumerate(("q", "k", "v")))
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"fork_attention: q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} must be "
+                         "[rows, heads, head size]")
     check_groups(q.shape[1], k.shape[1], "query heads", "key heads")
     check_window(argument(args, kwargs, 11, "sliding_window"))
     if backend_for(q, backend) == "triton":
         from .kernel import fork_attention_triton
 
         return fork_attention_triton(*args, **kwargs)
-    return fork_attention_ref(*args, **kwargs)
+    return reference.fork_attention_ref(*args, **kwargs)
 
 
 def tokens_per_block(D: int, dtype: torch.dtype, group: int) -> int:
@@ -47,3 +50,6 @@ def tokens_per_block(D: int, dtype: torch.dtype, group: int) -> int:
     from .kernel import tokens_per_block as rows
 
     return rows(D, dtype, group)
+
+
+fork_attention_ref = checked_reference(fork_attention, reference.fork_attention_ref)

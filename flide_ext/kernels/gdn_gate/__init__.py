@@ -8,8 +8,8 @@ from typing import Optional
 import torch
 
 from ..arguments import float32_math_dtypes
-from ..dispatch import backend_for
-from .reference import gdn_gate_ref
+from ..dispatch import backend_for, checked_reference
+from . import reference
 
 __all__ = ["gdn_gate", "gdn_gate_ref"]
 
@@ -36,4 +36,7 @@ def gdn_gate(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: tor
         from .kernel import gdn_gate_triton
 
         return gdn_gate_triton(a, b, A_log, dt_bias)
-    return gdn_gate_ref(a, b, A_log, dt_bias)
+    return reference.gdn_gate_ref(a, b, A_log, dt_bias)
+
+
+gdn_gate_ref = checked_reference(gdn_gate, reference.gdn_gate_ref)

@@ -9,8 +9,9 @@ from typing import Optional
 import torch
 
 from ..arguments import float32_math_dtypes
-from ..dispatch import backend_for
-from .reference import MODES, rms_norm_ref
+from ..dispatch import backend_for, checked_reference
+from . import reference
+from .reference import MODES
 
 __all__ = ["MAX_TRITON_WIDTH", "MODES", "rms_norm", "rms_norm_ref"]
 
@@ -57,4 +58,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = "cas
         from .kernel import rms_norm_triton
 
         return rms_norm_triton(x, weight, eps, mode, gate, residual)
-    return rms_norm_ref(x, weight, eps, mode, gate, residual)
+    return reference.rms_norm_ref(x, weight, eps, mode, gate, residual)
+
+
+rms_norm_ref = checked_reference(rms_norm, reference.rms_norm_ref)

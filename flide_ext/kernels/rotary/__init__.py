@@ -8,8 +8,8 @@ from typing import Optional
 import torch
 
 from ..arguments import float32_math_dtypes
-from ..dispatch import backend_for
-from .reference import rotary_ref
+from ..dispatch import backend_for, checked_reference
+from . import reference
 
 __all__ = ["rotary", "rotary_ref"]
 
@@ -41,4 +41,7 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: Optio
         from .kernel import rotary_triton
 
         return rotary_triton(x, cos, sin)
-    return rotary_ref(x, cos, sin)
+    return reference.rotary_ref(x, cos, sin)
+
+
+rotary_ref = checked_reference(rotary, reference.rotary_ref)

@@ -8,8 +8,8 @@ from typing import Optional
 import torch
 
 from ..arguments import float32_math_dtypes
-from ..dispatch import backend_for
-from .reference import silu_mul_ref
+from ..dispatch import backend_for, checked_reference
+from . import reference
 
 __all__ = ["silu_mul", "silu_mul_ref"]
 
@@ -36,4 +36,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, backend: Optional[str] = None
         from .kernel import silu_mul_triton
 
         return silu_mul_triton(gate, up)
-    return silu_mul_ref(gate, up)
+    return reference.silu_mul_ref(gate, up)
+
+
+silu_mul_ref = checked_reference(silu_mul, reference.silu_mul_ref)
