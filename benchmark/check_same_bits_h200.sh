@@ -18,12 +18,12 @@ if want digest; then
     timeout 270 python3 benchmark/answer_digest.py --tree "$OLD" --out "$OUT/digest_old.json" > "$OUT/digest_old.log" 2>&1
     timeout 270 python3 benchmark/answer_digest.py --tree . --out "$OUT/digest_new.json" > "$OUT/digest_new.log" 2>&1
     python3 benchmark/answer_digest.py --compare "$OUT/digest_old.json" "$OUT/digest_new.json" > "$OUT/digest_compare.log" 2>&1
-    tail -3 "$OUT/digest_old.log" "$OUT/digest_new.log"; tail -5 "$OUT/digest_compare.log"
+    tail -n 3 "$OUT/digest_old.log" "$OUT/digest_new.log"; tail -n 5 "$OUT/digest_compare.log"
 fi
 if want graphs; then
     timeout 420 python3 benchmark/check_graphs.py --model qwen3.5-4b --out "$OUT/graphs_check.json" \
         > "$OUT/graphs_check.log" 2>&1
-    tail -3 "$OUT/graphs_check.log"
+    tail -n 3 "$OUT/graphs_check.log"
 fi
 if want kernels; then
     timeout 270 python3 "$OLD/benchmark/kernels/check_kernels.py" --skip-4b --out "$OUT/check_kernels_old.json" \
