@@ -132,18 +132,16 @@ def resume_from(store: CheckpointStore, groups) -> tuple[dict, dict, Optional[li
             ckpt = store.longest_prefix(prompts)
             if ckpt is not None:
                 resumed[r] = ckpt
+    order = sorted(resumed)
     resume, offset = {}, 0
-    for r in sorted(resumed):
+    for r in order:
         resume[r] = Resume(len(resumed[r]), resumed[r].slot, offset)
         offset += len(resumed[r])
     kv_prefix = None
     if resumed:
-        layers = len(next(iter(resumed.values())).kv)
-        kv_prefix = [
-            (torch.cat([resumed[r].kv[i][0] for r in sorted(resumed)]),
-             torch.cat([resumed[r].kv[i][1] for r in sorted(resumed)]))
-            for i in range(layers)
-        ]
+        layers = len(resumed[order[0]].kv)
+        kv_prefix = [(torch.cat([resumed[r].kv[i][0] for r in order]), torch.cat([resumed[r].kv[i][1] for r in order]))
+                     for i in range(layers)]
     return resumed, resume, kv_prefix
 
 

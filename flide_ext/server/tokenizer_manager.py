@@ -14,7 +14,8 @@ import zmq.asyncio
 from ..protocol.decisions import DecisionRenderer, label_probabilities, parse_decision_request
 from ..protocol.errors import RequestError
 from ..protocol.token_requests import TokenRequest, check_token_request
-from ..runtime.rounds import RoundCapacity, request_size
+from ..runtime.capacity import RoundCapacity
+from ..runtime.rounds import request_size
 from .io_struct import ScoreDone, ScoreWork
 from .metrics import Metrics
 
