@@ -18,6 +18,14 @@ with random weights (``tiny-qwen3.5`` for a CPU smoke run). Methods:
   stream capacities.
 * ``hf``: transformers' model, one forward per question (concurrency 1 only).
 
+``--agents 1 8`` adds the agent-trajectory workload (``agent_trajectories.py``):
+histories that grow every step (``--agent-shape START GROWTH STEPS CRITERIA
+TOKENS``), each step one request whose state is the whole history, resumed from
+the state cache; per-step latency (first and later steps), decisions/s, cached
+tokens and cache memory. The engine's state cache is on (``--disable-radix-cache``
+turns it off for the fresh-state workloads); every fresh-state request has a
+state no other request has.
+
 Every timed call gets requests it has not seen (a fresh slice of the seeded
 requests), so no method is timed on a repeat of its warm-up; ``--vary`` draws
 each request's state length, question count and question length around the
@@ -57,6 +65,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "kernels"))
 
+from agent_trajectories import AgentShape, run_agents  # noqa: E402
 from workloads import WORKLOADS, workload_prompts  # noqa: E402
 
 from flide_ext import Engine  # noqa: E402
@@ -243,7 +252,7 @@ def bench(args) -> list[dict]:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         model = random_model(config, dtype, device, seed=0)
-        engine = Engine(model_name, dtype=dtype, device=device, model=model)
+        engine = Engine(model_name, dtype=dtype, device=device, model=model, radix_cache=not args.disable_radix_cache)
         if engine.graphs is not None:
             emit({"model": model_name, "kind": "graphs", "capture_s": engine.graphs.capture_seconds,
                   "graphs": len(engine.graphs.capacities),
@@ -251,6 +260,15 @@ def bench(args) -> list[dict]:
             tqdm.write(f"{model_name}: {len(engine.graphs.capacities)} CUDA graphs captured in "
                        f"{engine.graphs.capture_seconds:.1f} s")
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        for agents in args.agents:
+            # The agent workload: histories growing every step, the state cache on.
+            shape = AgentShape(*args.agent_shape)
+            row = run_agents(engine, shape, agents, config.vocab_size, device, cold=args.agent_cold)
+            row.update(model=model_name, workload="agent", kind="agent")
+            emit(row)
+            tqdm.write(f"{model_name} agent x{agents} {args.agent_shape}: first step {row['first_step_ms']:.1f} ms, "
+                       f"later p50 {row['later_p50_ms']:.1f} ms, {row['later_decisions_per_s']:.0f} decisions/s later, "
+                       f"cached {row['cache']['cached_tokens']} tokens ({row['cache']['bytes'] / 2**20:.0f} MiB)")
         for workload in args.workloads:
             top = max(args.concurrency)
             # Every timed call gets a fresh slice: enough requests for the largest
@@ -333,6 +351,11 @@ def print_table(rows: list[dict], concurrency) -> None:
         if r["kind"] == "skipped":
             print(f"{r['model']:14s} {r['workload']:9s} {r['method']:16s} skipped: {r['reason']}")
             continue
+        if r["kind"] == "agent":
+            print(f"{r['model']:14s} {'agent':9s} {'x' + str(r['agents']):16s} first step {r['first_step_ms']:.1f} ms, "
+                  f"later p50 {r['later_p50_ms']:.1f} ms, {r['later_decisions_per_s']:.0f} decisions/s later"
+                  + (f", cold equal {r['cold_equal']}/{r['cold_total']}" if r["cold_total"] else ""))
+            continue
         if r["kind"] == "roofline":
             alone = f"; the same tokens as one sequence {r['prefill_alone_ms']:.2f} ms" if "prefill_alone_ms" in r else ""
             print(f"{r['model']:14s} {r['workload']:9s} {'roofline':16s} {r['floor_ms']:9.2f} "
@@ -381,6 +404,14 @@ def main(argv=None) -> int:
     parser.add_argument("--latency-iters", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per concurrency")
     parser.add_argument("--vary", action="store_true", help="vary state, question count and length per request")
+    parser.add_argument("--agents", nargs="*", type=int, default=[],
+                        help="also run the agent-trajectory workload with these numbers of agents stepping together")
+    parser.add_argument("--agent-shape", nargs=5, type=int, default=[8000, 400, 8, 10, 30],
+                        metavar=("START", "GROWTH", "STEPS", "CRITERIA", "TOKENS"),
+                        help="agent histories: start tokens, growth per step, steps, criteria per step, criterion tokens")
+    parser.add_argument("--agent-cold", action="store_true",
+                        help="send every agent step again cold (cache flushed) and count bitwise equal answers")
+    parser.add_argument("--disable-radix-cache", action="store_true", help="the engine without its state cache")
     parser.add_argument("--out", default="decision.jsonl")
     parser.add_argument("--plot", default=None)
     args = parser.parse_args(argv)
@@ -391,6 +422,12 @@ def main(argv=None) -> int:
             print(f"bench_decision.py: unknown model {name!r} (qwen3.5-0.8b, qwen3.5-4b, qwen3.5-9b, qwen3-4b, "
                   "llama-3.2-1b, tiny-qwen3.5)", file=sys.stderr)
             return 2
+    if args.agents and args.disable_radix_cache:
+        print("bench_decision.py: --agents needs the state cache (drop --disable-radix-cache)", file=sys.stderr)
+        return 2
+    if any(a < 1 for a in args.agents) or min(args.agent_shape) < 0 or args.agent_shape[0] < 1:
+        print("bench_decision.py: --agents must be >= 1 and --agent-shape non-negative", file=sys.stderr)
+        return 2
     if any(c < 1 for c in args.concurrency) or not 0 < args.scale <= 1 or args.latency_iters < 1 or args.rounds < 1:
         print("bench_decision.py: --concurrency, --latency-iters and --rounds must be >= 1, --scale in (0, 1]",
               file=sys.stderr)

@@ -6,6 +6,8 @@ Each check prints one line and lands in a JSON file:
   reference run on float32 inputs (the references accumulate in float64), as
   ``|out - ref| / |ref|`` over the whole output;
 * ForkAttention alone == forked, bitwise, in bf16 (and resumed == cold);
+* ForkAttention reading K/V in place from shuffled, NaN-padded pools through
+  ``kv_index`` == the contiguous key array, bitwise (bf16 and float32);
 * a stream of more than 2048 segments with 32 value heads;
 * 1-token and empty segments;
 * whole Qwen3.5 forwards (tiny and 4B-shaped, random weights) on the GPU in bf16
@@ -135,6 +137,34 @@ def check_alone_equals_forked(gen):
     out_warm = fork_attention_triton(qw, torch.cat([kp, kw]), torch.cat([vp, vw]), *plan_args(warm), 256**-0.5)
     same = torch.equal(out_warm, out_cold[L:])
     record("resumed (checkpoint 200 tokens) == cold bitwise, bf16 race D=256", same, True, same)
+
+
+def check_kv_index():
+    """K/V pools read through ``kv_index`` give the contiguous key array's bits."""
+    gen = torch.Generator(device=DEV).manual_seed(17)  # its own: the other checks keep their inputs
+    owners, prompts = workload_prompts("race", requests=2, seed=13)
+    unused = 7  # key rows before the checkpoint belong to no segment: their index points at NaN rows
+    plan = plan_round(owners, prompts, DEV, resume={0: Resume(length=200, slot=-1, kv_start=unused)})
+    P, T = plan.num_prefix_rows, plan.num_tokens
+    Tk, N = P + T, 2 * (P + T) + 17
+    for Hq, Hkv, D, window in [(16, 4, 256, None), (8, 2, 128, None), (16, 4, 256, 128)]:
+        for dtype in (torch.bfloat16, torch.float32):
+            q, k, v = attention_inputs(T, Hq, Hkv, D, gen, dtype, prefix=P)
+            perm = torch.randperm(N, generator=gen, device=DEV)
+            index = perm[:Tk].clone()
+            k_pool = torch.full((N, Hkv, D), float("nan"), dtype=dtype, device=DEV)
+            v_pool = torch.full((N, Hkv, D), float("nan"), dtype=dtype, device=DEV)
+            k_pool[index], v_pool[index] = k, v
+            index[:unused] = perm[Tk : Tk + unused]
+            args = (*plan_args(plan), D**-0.5, window)
+            want = fork_attention_triton(q, k, v, *args)
+            got = fork_attention_triton(q, k_pool, v_pool, *args, None, index.int())
+            same = torch.equal(got, want)
+            err = rel_err(got, fork_attention_ref(q.float(), k.float(), v.float(), *args))
+            tol = BF16_TOL if dtype == torch.bfloat16 else FP32_TOL
+            record(f"fork_attention kv_index over a shuffled NaN-padded pool == contiguous bitwise, {str(dtype)[6:]} "
+                   f"Hq={Hq} Hkv={Hkv} D={D} window={window}", {"bitwise": same, "rel_err": err}, tol,
+                   same and err <= tol)
 
 
 def run_levels(fn, plan, tensors, out):
@@ -434,6 +464,7 @@ def main() -> int:
     steps = [
         ("attention vs reference", lambda: check_attention_vs_reference(gen)),
         ("alone == forked", lambda: check_alone_equals_forked(gen)),
+        ("kv index", check_kv_index),
         ("gdn race", lambda: check_gdn(gen, "race", 2, "race-shaped, Qwen3.5-4B GDN heads")),
         ("gdn multirc", lambda: check_gdn(gen, "multirc", 2, "multirc-shaped, Qwen3.5-4B GDN heads")),
         ("many segments", lambda: check_many_segments(gen)),

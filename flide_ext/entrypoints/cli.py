@@ -224,6 +224,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="CUDA graphs: flat (a few stream capacities, the default on CUDA), per_shape or off")
     serve.add_argument("--graph-capacities",
                        help="flat graphs' capacities as tokens:segments[:levels],... (default: a ladder up to the round capacity)")
+    serve.add_argument("--disable-radix-cache", action="store_true",
+                       help="keep no state cache: every request computes its whole state (SGLang's flag)")
+    serve.add_argument("--state-cache-gb", metavar="GB",
+                       help="the state cache's memory in GB (2**30 bytes; default: 40%% of the GPU memory free after "
+                       "the weights, 256 MiB on the CPU)")
+    serve.add_argument("--mem-fraction-static", metavar="F",
+                       help="size the state cache as F of the GPU's memory, less the weights and an 8 GiB reserve "
+                       "(SGLang's flag; --state-cache-gb wins)")
     serve.set_defaults(func=run_serve)
     return parser
 

@@ -7,8 +7,12 @@ engine, with SGLang's own flags mapped: model and tokenizer path, host, port,
 dtype, device, API key, random seed, context length, served model name,
 ``--max-prefill-tokens`` (a round's token capacity), ``--max-running-requests``
 (a round's request capacity), ``--disable-cuda-graph`` (Flide's graph mode
-``off``) and the deterministic switch. Any other flag set away from its default
-is refused with a message naming it (Flide does not silently ignore a setting).
+``off``), ``--disable-radix-cache`` (no state cache), ``--mem-fraction-static``
+(the state cache's budget, :mod:`flide_ext.server.cache_args`), the
+deterministic switch and ``--enable-cache-report`` (Flide always reports cached
+tokens). ``--state-cache-gb`` (Flide's own) is added to SGLang's flags. Any
+other flag set away from its default is refused with a message naming it (Flide
+does not silently ignore a setting).
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ import sys
 MAPPED = {
     "model_path", "tokenizer_path", "host", "port", "dtype", "device", "api_key", "random_seed",
     "context_length", "served_model_name", "decision_mode", "max_prefill_tokens", "max_running_requests",
-    "disable_cuda_graph",
+    "disable_cuda_graph", "disable_radix_cache", "mem_fraction_static", "state_cache_gb",
 }
 # Accepted without effect: the engine's answers are already the same bits at
 # any load on the CPU reference, and do not depend on graphs or padding on the GPU.
-ACCEPTED = {"enable_deterministic_inference"}
+# Every response's usage reports its cached tokens, with or without --enable-cache-report.
+ACCEPTED = {"enable_deterministic_inference", "enable_cache_report"}
 
 
 def _add_flag(result, parser: argparse.ArgumentParser):
@@ -32,6 +37,12 @@ def _add_flag(result, parser: argparse.ArgumentParser):
         action="store_true",
         help="Serve /v1/decisions and /v1/score with Flide's exact forked executor "
         "(one shared state, many single-token-label questions, one flat token stream).",
+    )
+    parser.add_argument(
+        "--state-cache-gb",
+        metavar="GB",
+        help="Under --decision-mode: the state cache's memory in GB (2**30 bytes); wins over "
+        "--mem-fraction-static (default: 40%% of the GPU memory free after the weights).",
     )
     return result
 
@@ -80,6 +91,7 @@ def serve_args(args: argparse.Namespace):
         context_length=args.context_length,
         served_model_name=args.served_model_name,
         **_capacity(args),
+        **_cache(args),
     )
 
 
@@ -94,6 +106,13 @@ def _capacity(args: argparse.Namespace) -> dict:
     if getattr(args, "disable_cuda_graph", False):
         out["cuda_graphs"] = "off"
     return out
+
+
+def _cache(args: argparse.Namespace) -> dict:
+    # Checked by serve (flide_ext.server.cache_args), like `flide serve`'s.
+    return {"disable_radix_cache": bool(getattr(args, "disable_radix_cache", False)),
+            "state_cache_gb": getattr(args, "state_cache_gb", None),
+            "mem_fraction_static": getattr(args, "mem_fraction_static", None)}
 
 
 def _around_from_cli_args(original, *call_args, **kwargs):

@@ -23,7 +23,7 @@ class ForkSelfAttention(KernelModule):
 
     Args:
         index: this layer's rank among the model's attention layers (selects its
-            cached checkpoint K/V).
+            rows of the K/V pool).
         gated: ``q_proj`` emits ``[query | gate]`` per head; the output is
             ``o_proj(attn * sigmoid(gate))``.
         qk_norm: norm class applied per head to q and k before RoPE, or None.
@@ -70,16 +70,20 @@ class ForkSelfAttention(KernelModule):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(q, ctx.cos, ctx.sin, self.backend), rotary(k, ctx.cos, ctx.sin, self.backend)
-        if ctx.kv_capture is not None:
-            ctx.kv_capture.append((k, v))
-        if ctx.kv_prefix is not None:
-            prefix_k, prefix_v = ctx.kv_prefix[self.index]
-            k, v = torch.cat([prefix_k.to(k.dtype), k]), torch.cat([prefix_v.to(v.dtype), v])
         plan = ctx.plan
+        kv_index = None
+        if ctx.kv_pool is not None and plan.kv_index is not None:
+            # The stream's K/V join the pool's rows; every key, cached or new, is
+            # read there in place.
+            pool_k, pool_v = ctx.kv_pool.k[self.index], ctx.kv_pool.v[self.index]
+            pool_k.index_copy_(0, plan.stream_rows, k)
+            pool_v.index_copy_(0, plan.stream_rows, v)
+            k, v, kv_index = pool_k, pool_v, plan.kv_index
         o = fork_attention(
             q, k, v, plan.seg_parent, plan.seg_start, plan.seg_len, plan.seg_kv_start, plan.seg_kv_len,
             plan.positions, plan.kv_positions, self.scale, self.sliding_window,
-            tables=plan.tables.attention if plan.tables is not None else None, backend=self.backend,
+            tables=plan.tables.attention if plan.tables is not None else None, kv_index=kv_index,
+            backend=self.backend,
         ).reshape(T, -1)
         if self.gated:
             o = o * torch.sigmoid(gate)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -18,16 +18,14 @@ class ForwardContext:
         plan: the round's flat plan (segment table, levels, slots).
         cos, sin: ``[T, rotary_dim]`` rotary tables at the stream's logical positions.
         state_pool: the engine's GDN state pool (hybrid models), else None.
-        kv_prefix: per attention layer, the ``(k, v)`` ``[P, Hkv, D]`` of the
-            checkpoints this round resumes from (stacked in the plan's key order),
-            or None when it resumes from none.
-        kv_capture: when not None, attention layers append their ``(k, v)`` of the
-            stream rows here (for new checkpoints), in layer order.
+        kv_pool: the K/V pool (``k``, ``v``: per attention layer ``[N, Hkv, D]``)
+            that attention layers write the stream's K/V to (at
+            ``plan.stream_rows``) and read every key from (through
+            ``plan.kv_index``), or None: keys are the stream's own.
     """
 
     plan: FlatPlan
     cos: torch.Tensor
     sin: torch.Tensor
     state_pool: Optional[object] = None
-    kv_prefix: Optional[list] = None
-    kv_capture: Optional[list] = field(default=None)
+    kv_pool: Optional[object] = None

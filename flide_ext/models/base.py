@@ -94,21 +94,31 @@ class FlatCausalLM(nn.Module):
             x, residual = layer(x, residual, ctx)
         return x if residual is None else x + residual
 
-    def forward(self, plan, state_pool=None, kv_prefix=None, kv_capture=None) -> torch.Tensor:
+    def attention_shapes(self) -> list[tuple[int, int, int]]:
+        """Per attention layer, in its ``index`` order, ``(Hkv, D, Dv)`` of its
+        K/V rows (sizes the engine's K/V pool)."""
+        from ..layers.attention import ForkSelfAttention
+
+        layers = sorted((m for m in self.modules() if isinstance(m, ForkSelfAttention)), key=lambda m: m.index)
+        return [(m.num_kv_heads, m.head_dim, m.head_dim) for m in layers]
+
+    def forward(self, plan, state_pool=None, kv_pool=None) -> torch.Tensor:
         """Run a round.
 
         Args:
-            plan: the round's FlatPlan (with slots assigned for hybrid models).
+            plan: the round's FlatPlan (with slots assigned for hybrid models, and
+                K/V rows when ``kv_pool`` is given).
             state_pool: the GDN StatePool (hybrid models).
-            kv_prefix: per attention layer ``(k, v)`` of the checkpoints resumed from.
-            kv_capture: a list to receive each attention layer's stream ``(k, v)``.
+            kv_pool: the :class:`~flide_ext.runtime.kv_pool.KVPool` the stream's
+                K/V are written to and the resumed prefixes' are read from, or
+                None (the plan then resumes from nothing).
 
         Returns:
             ``[R, vocab]`` float32 log-softmax at the readout rows.
         """
         dtype = self.model.embed_tokens.weight.dtype
         cos, sin = self.rotary.cos_sin(plan.positions, dtype)
-        ctx = ForwardContext(plan, cos, sin, state_pool, kv_prefix, kv_capture)
+        ctx = ForwardContext(plan, cos, sin, state_pool, kv_pool)
         h = self.hidden_states(ctx)
         if not self.selective_readout:
             return self._full_readout(h, plan.readout_rows)

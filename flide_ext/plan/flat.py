@@ -67,6 +67,11 @@ class FlatPlan:
         tables: the GPU kernels' precomputed round tables
             (:class:`~flide_ext.kernels.tables.KernelTables`), or None: the
             kernels derive what they need from the tensors above.
+        kv_index: ``[P + T]`` K/V pool row of each key-array row (the resumed
+            prefixes' cached rows, then the stream's), or None: the key array is
+            the key prefix and the stream's own K/V; set by :meth:`assign_kv_rows`.
+        stream_rows: ``[T]`` the pool row each stream row's K/V is written to.
+        kv_scratch: the pool row padding rows write to (graph rounds).
     """
 
     token_ids: torch.Tensor
@@ -90,6 +95,9 @@ class FlatPlan:
     seg_slot: Optional[torch.Tensor] = None
     seg_initial_slot: Optional[torch.Tensor] = None
     tables: Optional[object] = field(default=None, repr=False)
+    kv_index: Optional[torch.Tensor] = None
+    stream_rows: Optional[torch.Tensor] = None
+    kv_scratch: int = -1
     _level_tables: Optional[list] = field(default=None, repr=False)
 
     @property
@@ -125,6 +133,25 @@ class FlatPlan:
         self.seg_slot = torch.tensor(list(slots), dtype=torch.long, device=device)
         self.seg_initial_slot = torch.tensor(initial, dtype=torch.long, device=device)
         self._level_tables = None
+
+    def assign_kv_rows(self, prefix_rows, stream_rows, scratch: int) -> None:
+        """Place the round's keys in a K/V pool: ``prefix_rows`` ``[P]`` the pool
+        rows of the key prefix (the resumed checkpoints', in key order),
+        ``stream_rows`` ``[T]`` the rows the stream's K/V go to, ``scratch`` the
+        row padding writes to. Accepts int64 numpy arrays or tensors.
+
+        Raises:
+            ValueError: the row counts do not match the plan's prefix and stream.
+        """
+        prefix = torch.as_tensor(prefix_rows, dtype=torch.long).reshape(-1)
+        stream = torch.as_tensor(stream_rows, dtype=torch.long).reshape(-1)
+        if prefix.numel() != self.num_prefix_rows or stream.numel() != self.num_tokens:
+            raise ValueError(f"{prefix.numel()} prefix and {stream.numel()} stream rows for a plan of "
+                             f"{self.num_prefix_rows} prefix rows and {self.num_tokens} tokens")
+        device = self.token_ids.device
+        self.kv_index = torch.cat([prefix, stream]).to(device)
+        self.stream_rows = stream.to(device)
+        self.kv_scratch = int(scratch)
 
     def level_tables(self) -> list:
         """Per tree level, ``(seg_start, seg_len, initial_slot, final_slot)`` ``[n]``

@@ -21,8 +21,9 @@ class TokenRequest(BaseModel):
         prompts: full prompt token ids, one list per question (each non-empty).
         label_token_ids: candidate label ids, shared by all prompts or one list per prompt.
         temperature: scales the renormalised label probabilities only.
-        checkpoint: keep this request's state (the prefix all its prompts share) as
-            a checkpoint, so a later request extending it computes only new tokens.
+        checkpoint: accepted for compatibility and ignored: with the state cache
+            on, every request's state is kept (at its last checkpoint position)
+            and later requests extending it compute only their new tokens.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -45,8 +46,10 @@ class TokenAnswer(BaseModel):
         probabilities: label probabilities renormalised over the labels, with temperature.
         label_mass: full-vocabulary probability of all labels together.
         prompt_tokens: sum of the prompts' lengths.
-        resumed_tokens: state tokens taken from a checkpoint instead of recomputed.
-        checkpoint_tokens: length of the state kept as a checkpoint (0: none kept).
+        resumed_tokens: state tokens resumed from the state cache instead of
+            recomputed (its cached tokens).
+        checkpoint_tokens: tokens of the new checkpoint this request left in the
+            state cache (0: none new).
     """
 
     label_logprobs: List[List[float]]

@@ -1,187 +1,173 @@
-"""Checkpoints of states: resume a growing history from its longest saved prefix.
+"""How a round uses the state cache: the checkpoints its requests resume from,
+the tiers their states are cut into, and the checkpoints they leave behind.
 
-A checkpoint of a token prefix keeps what the model needs to continue after it
-without recomputing it: for every GDN layer the recurrent state and conv window
-(one state-pool slot), and for every attention layer the prefix's K/V. A request
-whose prompts all extend a checkpoint strictly resumes from the longest one and
-computes only its new tokens.
+A request's *state* is the prefix all its prompts share, less the last token
+(every question keeps at least one token of its own). It resumes from the
+longest checkpoint of it in the :class:`~.state_cache.StateCache` and computes
+the rest in one pass, cut into tiers at checkpoint positions: the last multiple
+of :data:`~.state_cache.ALIGN` tokens in the state (whose state becomes the
+request's checkpoint) and, for GDN models, the last one shared with a state
+already cached (so two clients with one system prompt come to share its
+checkpoint). The cuts are extra segment ends of the request's prefix tree; at a
+checkpoint position they change no bit of what follows.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from ..plan.flat import Resume
+from ..plan.tree import MAX_TREE_DEPTH
+from .state_cache import ALIGN, Match, StateCache
 
 
 @dataclass
-class Checkpoint:
-    """Attributes:
-        tokens: the prefix's token ids.
-        slot: its GDN state-pool slot, -1 for models without GDN layers.
-        kv: per attention layer, ``(k, v)`` ``[len(tokens), Hkv, D]``.
+class CacheRound:
+    """One round's use of the cache.
+
+    Attributes:
+        matches: request index -> its :class:`~.state_cache.Match` (resuming ones).
+        resume: request index -> the plan's :class:`~flide_ext.plan.flat.Resume`.
+        prefix_rows: ``[P]`` int64 pool rows of the key prefix (resumed requests
+            in index order).
+        cuts: request index -> checkpoint positions its state is cut at, ascending.
+        states: request index -> its state's token ids (int64).
     """
 
-    tokens: tuple
-    slot: int
-    kv: list
+    matches: dict = field(default_factory=dict)
+    resume: dict = field(default_factory=dict)
+    prefix_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    cuts: dict = field(default_factory=dict)
+    states: dict = field(default_factory=dict)
 
-    def __len__(self) -> int:
-        return len(self.tokens)
+    @property
+    def nodes(self) -> list:
+        """The deepest node of each resumed prefix: locked while the round runs
+        (its ancestors have a child, so they keep their rows)."""
+        return [m.nodes[-1] for m in self.matches.values()]
 
 
-class CheckpointStore:
-    """Least-recently-used checkpoints: at most ``capacity`` of them, covering at
-    most ``max_tokens`` tokens together (their K/V is the memory that grows).
+def _state(prompts) -> np.ndarray:
+    first = np.asarray(prompts[0], dtype=np.int64)
+    n = min(len(p) for p in prompts) - 1
+    for p in prompts[1:]:
+        p = np.asarray(p[:n], dtype=np.int64)
+        diff = np.flatnonzero(first[:len(p)] != p)
+        n = min(n, int(diff[0]) if diff.size else len(p))
+    return first[:max(n, 0)]
+
+
+def plan_cache(cache: StateCache, groups) -> CacheRound:
+    """Match every request of a round against the cache and choose its cuts.
 
     Args:
-        capacity: checkpoints kept; the least recently used is evicted first.
-        release_slot: called with a list of GDN slots when their checkpoint is evicted.
-        max_tokens: total tokens over all kept checkpoints.
+        cache: the state cache.
+        groups: per request ``(prompts, labels)``.
     """
-
-    def __init__(self, capacity: int, release_slot, max_tokens: int = 1 << 18):
-        self.capacity = capacity
-        self.max_tokens = max_tokens
-        self.release_slot = release_slot
-        self.entries: "OrderedDict[tuple, Checkpoint]" = OrderedDict()
-        self.tokens = 0
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    def longest_prefix(self, prompts: Sequence[Sequence[int]]) -> Optional[Checkpoint]:
-        """The longest checkpoint that is a strict prefix of every prompt."""
-        shortest = min(len(p) for p in prompts)
-        best = None
-        for key, ckpt in self.entries.items():
-            n = len(key)
-            if n >= shortest or (best is not None and n <= len(best)):
-                continue
-            if all(tuple(p[:n]) == key for p in prompts):
-                best = ckpt
-        if best is not None:
-            self.entries.move_to_end(best.tokens)
-        return best
-
-    def add(self, checkpoint: Checkpoint) -> bool:
-        """Keep a checkpoint; returns False (and keeps nothing) when the same prefix
-        is already kept, so the caller can release the new slot."""
-        if checkpoint.tokens in self.entries:
-            self.entries.move_to_end(checkpoint.tokens)
-            return False
-        if len(checkpoint) > self.max_tokens or self.capacity < 1:
-            return False
-        self.entries[checkpoint.tokens] = checkpoint
-        self.tokens += len(checkpoint)
-        while len(self.entries) > self.capacity or self.tokens > self.max_tokens:
-            _, old = self.entries.popitem(last=False)
-            self.tokens -= len(old)
-            if old.slot >= 0:
-                self.release_slot([old.slot])
-        return True
-
-    def discard(self, tokens: Sequence[int]) -> None:
-        """Forget the checkpoint of exactly these tokens, if kept (freeing its slot)."""
-        old = self.entries.pop(tuple(tokens), None)
-        if old is not None:
-            self.tokens -= len(old)
-            if old.slot >= 0:
-                self.release_slot([old.slot])
-
-    def clear(self) -> None:
-        for ckpt in self.entries.values():
-            if ckpt.slot >= 0:
-                self.release_slot([ckpt.slot])
-        self.entries.clear()
-        self.tokens = 0
-
-
-def concat_kv(base: Optional[Checkpoint], new_kv: list, rows: torch.Tensor) -> list:
-    """K/V of a new checkpoint: the base checkpoint's rows, then ``rows`` of each
-    attention layer's stream K/V (``new_kv``)."""
-    out = []
-    for i, (k, v) in enumerate(new_kv):
-        k, v = k[rows], v[rows]
-        if base is not None:
-            k, v = torch.cat([base.kv[i][0], k]), torch.cat([base.kv[i][1], v])
-        out.append((k, v))
+    out, offset, parts = CacheRound(), 0, []
+    for r, (prompts, _) in enumerate(groups):
+        state = _state(prompts)
+        out.states[r] = state
+        match: Match = cache.match(state, len(state))
+        base = match.length
+        if base:
+            out.matches[r] = match
+            out.resume[r] = Resume(base, match.slot, offset)
+            parts.append(match.rows)
+            offset += base
+        top = len(state) // ALIGN * ALIGN
+        cuts = []
+        shared = min(match.matched, len(state)) // ALIGN * ALIGN
+        if cache.recurrent and base < shared < top:
+            cuts.append(shared)
+        if top > base:
+            cuts.append(top)
+        if cuts:
+            out.cuts[r] = cuts
+    if parts:
+        out.prefix_rows = np.concatenate(parts)
+    cache.hits += len(out.matches)
+    cache.cached_tokens_total += offset
     return out
 
 
-def resume_from(store: CheckpointStore, groups) -> tuple[dict, dict, Optional[list]]:
-    """The checkpoints a round's requests resume from.
-
-    Args:
-        store: the kept checkpoints.
-        groups: per request ``(prompts, labels)``.
+def cut_prompts(cached: CacheRound, groups) -> tuple[list, list, list]:
+    """The round's prompts for planning: each request's own, then one prompt per
+    cut (its state up to the cut), which ends a segment there.
 
     Returns:
-        ``(resumed, resume, kv_prefix)``: request index -> its :class:`Checkpoint`;
-        request index -> the plan's :class:`~flide_ext.plan.flat.Resume` (its K/V
-        rows in the round's key prefix, requests in index order); per attention
-        layer the key prefix ``(k, v)``, or None when no request resumes.
+        ``(requests, prompts, own)``: per planned prompt its request, its tokens,
+        and whether it is a request's own prompt (cut prompts are read out by
+        nobody).
     """
-    resumed: dict[int, Checkpoint] = {}
-    if len(store):
-        for r, (prompts, _) in enumerate(groups):
-            ckpt = store.longest_prefix(prompts)
-            if ckpt is not None:
-                resumed[r] = ckpt
-    order = sorted(resumed)
-    resume, offset = {}, 0
-    for r in order:
-        resume[r] = Resume(len(resumed[r]), resumed[r].slot, offset)
-        offset += len(resumed[r])
-    kv_prefix = None
-    if resumed:
-        layers = len(resumed[order[0]].kv)
-        kv_prefix = [(torch.cat([resumed[r].kv[i][0] for r in order]), torch.cat([resumed[r].kv[i][1] for r in order]))
-                     for i in range(layers)]
-    return resumed, resume, kv_prefix
+    requests, prompts, own = [], [], []
+    for r, (group_prompts, _) in enumerate(groups):
+        for p in group_prompts:
+            requests.append(r)
+            prompts.append(list(p))
+            own.append(True)
+        for c in cached.cuts.get(r, ()):
+            requests.append(r)
+            prompts.append(cached.states[r][:c].tolist())
+            own.append(False)
+    return requests, prompts, own
 
 
-def keep_states(store: CheckpointStore, plan, groups, keep_state, resumed: dict, slots: list, capture: Optional[list],
-                device) -> tuple[set, dict]:
-    """Keep the states asked for as checkpoints: each such request's root segment
-    (the prefix all its prompts share), on top of the checkpoint it resumed from.
+def too_deep(plan, cached: CacheRound) -> list:
+    """Requests whose cuts make their tree deeper than the planner allows."""
+    deepest: dict = {}
+    for seg in plan.tree.segments:
+        deepest[seg.request] = max(deepest.get(seg.request, 0), seg.depth + 1)
+    return [r for r in cached.cuts if deepest.get(r, 0) > MAX_TREE_DEPTH]
 
-    Args:
-        store: where checkpoints are kept.
-        plan: the round's plan; groups: per request ``(prompts, labels)``.
-        keep_state: per request, whether to keep its state.
-        resumed: request index -> the checkpoint it resumed from.
-        slots: per real segment its GDN slot (empty without GDN layers).
-        capture: each attention layer's stream ``(k, v)`` (None: nothing to keep).
-        device: where the stream's K/V lie.
 
-    Returns:
-        ``(segments, kept_tokens)``: the segments whose slots now belong to
-        checkpoints, and request index -> tokens of its kept checkpoint.
-    """
-    segments, kept_tokens = set(), {}
-    if capture is None:
-        return segments, kept_tokens
-    roots: dict[int, list[int]] = {}
+def _chain(plan, r: int) -> list:
+    # The request's segments that lie on its state: (logical start, stream start, length).
+    out = []
     for s, seg in enumerate(plan.tree.segments):
-        if seg.parent < 0:
-            roots.setdefault(seg.request, []).append(s)
-    for r, keep in enumerate(keep_state):
-        base = resumed.get(r)
-        if not keep or len(roots.get(r, [])) != 1:
-            continue  # a request whose prompts part at once shares no state
-        s = roots[r][0]
-        start, length = int(plan.seg_start[s]), int(plan.seg_len[s])
-        base_len = len(base) if base is not None else 0
-        tokens = tuple(groups[r][0][0][: base_len + length])
-        rows = torch.arange(start, start + length, device=device)
-        slot = slots[s] if slots else -1
-        if store.add(Checkpoint(tokens, slot, concat_kv(base, capture, rows))):
-            segments.add(s)
-        if tokens in store.entries:  # kept now or already (not refused by the budget)
-            kept_tokens[r] = len(tokens)
-    return segments, kept_tokens
+        if seg.request == r:
+            out.append((int(plan.seg_logical_start[s]), int(plan.seg_start[s]), len(seg.tokens), s))
+    return out
+
+
+def keep_checkpoints(cache: StateCache, plan, cached: CacheRound, stream_rows: np.ndarray,
+                     slots: list) -> tuple[np.ndarray, set, dict]:
+    """Leave every request's state behind in the cache, at its cuts.
+
+    Args:
+        cache: the state cache.
+        plan: the round's plan.
+        cached: the round's :class:`CacheRound`.
+        stream_rows: ``[T]`` the pool rows the stream's K/V were written to.
+        slots: per real segment its GDN slot (empty without GDN layers).
+
+    Returns:
+        ``(kept_rows, kept_segments, kept_tokens)``: the stream rows the cache
+        now owns, the segments whose slots it took, and request index -> tokens
+        of the longest checkpoint it left.
+    """
+    kept, kept_segments, kept_tokens = [], set(), {}
+    for r, cuts in cached.cuts.items():
+        chain = _chain(plan, r)
+        state = cached.states[r]
+
+        def rows_of(a: int, b: int, chain=chain) -> np.ndarray:
+            parts = []
+            for start, row, n, _ in chain:
+                lo, hi = max(a, start), min(b, start + n)
+                if lo < hi:
+                    parts.append(stream_rows[row + lo - start: row + hi - start])
+            return np.concatenate(parts)
+
+        for c in cuts:
+            ends = [s for start, _, n, s in chain if start + n == c and start < c]
+            slot = slots[ends[0]] if slots and ends else -1
+            rows, taken = cache.insert(state[:c], rows_of, slot)
+            kept += rows
+            if taken:
+                kept_segments.add(ends[0])
+            kept_tokens[r] = c
+    rows = np.concatenate(kept) if kept else np.zeros(0, np.int64)
+    return rows, kept_segments, kept_tokens

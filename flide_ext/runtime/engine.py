@@ -16,13 +16,15 @@ import functools
 import threading
 from typing import Any, List, Optional, Sequence, Union
 
+import numpy as np
 import torch
 
 from ..plan.flat import plan_round
 from ..protocol.errors import ModelLoadError, RequestError
 from ..protocol.token_requests import TokenAnswer, TokenRequest, check_token_request, parse_token_request
 from .capacity import RoundCapacity
-from .checkpoints import CheckpointStore, keep_states, resume_from
+from .checkpoints import CacheRound, cut_prompts, keep_checkpoints, plan_cache, too_deep
+from .state_cache import StateCache
 from .graph_runner import GraphCapacity
 from .model_runner import ModelRunner, parse_dtype
 from .round_result import BatchAnswers, RoundResult, RoundStats
@@ -58,10 +60,12 @@ class Engine:
         context_length: longest prompt, in tokens, accepted (exclusive); defaults to
             and may not exceed the model's ``max_position_embeddings``.
         tokenizer_path: tokenizer directory, if not the model's own.
-        checkpoint_capacity: states kept as checkpoints (least recently used
-            evicted first); requests resume from them automatically.
-        checkpoint_max_tokens: total tokens all kept checkpoints may cover (their
-            K/V memory), evicting least recently used first.
+        radix_cache: keep every request's state in the state cache
+            (:mod:`~.state_cache`), from which later requests that extend it
+            resume; False is SGLang's ``--disable-radix-cache``.
+        state_cache_bytes: the cache's memory (K/V rows and GDN slots), on top of
+            one round's working rows; default
+            :func:`~.model_runner.default_cache_bytes`.
         model: an already built Flide model (e.g.
             :func:`flide_ext.assets.random_checkpoints.random_model`) to serve instead of
             loading ``model_path``, which then only names it (benchmarks).
@@ -92,8 +96,8 @@ class Engine:
         device: Union[str, torch.device] = "cpu",
         context_length: Optional[int] = None,
         tokenizer_path: Optional[str] = None,
-        checkpoint_capacity: int = 64,
-        checkpoint_max_tokens: int = 1 << 18,
+        radix_cache: bool = True,
+        state_cache_bytes: Optional[int] = None,
         round_capacity: Optional[RoundCapacity] = None,
         model=None,
         cuda_graphs: Optional[str] = None,
@@ -102,12 +106,12 @@ class Engine:
         dtype = parse_dtype(dtype)
         if context_length is not None and context_length < 1:
             raise ValueError(f"context_length {context_length} must be at least 1")
-        for name, value in (("checkpoint_capacity", checkpoint_capacity), ("checkpoint_max_tokens", checkpoint_max_tokens)):
-            if type(value) is not int or value < 0:
-                raise ValueError(f"{name} must be a non-negative integer, not {value!r}")
+        if state_cache_bytes is not None and (type(state_cache_bytes) is not int or state_cache_bytes < 1):
+            raise ValueError(f"state_cache_bytes must be a positive integer, not {state_cache_bytes!r}")
         self.round_capacity = round_capacity or RoundCapacity()
-        self.runner = ModelRunner(model_path, dtype, device, self.round_capacity, checkpoint_capacity, model,
-                                  cuda_graphs, graph_capacities)
+        self.runner = ModelRunner(model_path, dtype, device, self.round_capacity,
+                                  state_cache_bytes if radix_cache else 0, model, cuda_graphs, graph_capacities)
+        self.state_cache_bytes = self.runner.state_cache_bytes
         self.dtype, self.device = dtype, self.runner.device
         self.path, self.config = self.runner.path, self.runner.config
         self.vocab_size = self.runner.vocab_size
@@ -115,7 +119,11 @@ class Engine:
         self.context_length = min(context_length or limit, limit)
         self.tokenizer_path = tokenizer_path or str(self.path)
         self._renderer = None
-        self.checkpoints = CheckpointStore(checkpoint_capacity, self.runner.release_slot, checkpoint_max_tokens)
+        self.cache = None
+        if self.state_cache_bytes:
+            release = self.runner.release_slot if self.runner.state_pool is not None else None
+            self.cache = StateCache(self.runner.kv_pool, release, self.runner.cache_slots, self.runner.slot_bytes,
+                                    self.runner.cache_rows)
         self._lock = threading.RLock()
 
     @property
@@ -157,21 +165,21 @@ class Engine:
     def run_round(
         self,
         groups: Sequence[tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]]],
-        keep_state: Optional[Sequence[bool]] = None,
     ) -> RoundResult:
         """Run one round: each group is one request's ``(prompts, label ids per prompt)``.
 
+        With the state cache on, each request resumes from the longest cached
+        checkpoint of its state and leaves its own state behind
+        (:mod:`~.checkpoints`).
+
         Args:
             groups: the round's requests.
-            keep_state: per request, whether to keep its state (the prefix all its
-                prompts share) as a checkpoint for later requests that extend it.
 
         Returns:
             The round's :class:`~.round_result.RoundResult`: per request, per
             prompt, the full-vocabulary log-probability of each of its labels;
             stream tokens, resumed and kept checkpoint tokens per request; stats.
         """
-        keep_state = list(keep_state or [False] * len(groups))
         requests, prompts, labels = [], [], []
         for r, (group_prompts, group_labels) in enumerate(groups):
             requests += [r] * len(group_prompts)
@@ -181,18 +189,37 @@ class Engine:
         if not prompts:
             return RoundResult([[] for _ in groups], [0] * n, [0] * n, [0] * n, RoundStats(requests=n), [None])
 
-        resumed, resume, kv_prefix = resume_from(self.checkpoints, groups)
-        plan = plan_round(requests, prompts, self.runner.plan_device, resume)
-        slots = self.runner.assign_slots(plan, keep_state)
-        capture = [] if any(keep_state) else None
-        kept_segments, kept_tokens = set(), {}
+        cache = self.cache
+        cached = plan_cache(cache, groups) if cache is not None else CacheRound()
+        planned, planned_prompts, own = cut_prompts(cached, groups)
+        plan = plan_round(planned, planned_prompts, self.runner.plan_device, cached.resume)
+        deep = too_deep(plan, cached) if cached.cuts else []
+        if deep:  # no room for cuts in these trees: they keep no new checkpoint
+            for r in deep:
+                del cached.cuts[r]
+            planned, planned_prompts, own = cut_prompts(cached, groups)
+            plan = plan_round(planned, planned_prompts, self.runner.plan_device, cached.resume)
+        readout = [row for row, mine in zip(plan.prompt_readout.tolist(), own) if mine]
+        slots, stream_rows, kept_rows, kept_segments, kept_tokens = [], None, np.zeros(0, np.int64), set(), {}
+        if cache is not None:
+            cache.lock(cached.nodes)
         try:
-            logprobs, graph = self.runner.forward(plan, kv_prefix, capture)  # [>= R, vocab] on the device
-            label_logprobs = self.runner.gather_labels(logprobs, plan.prompt_readout.tolist(), labels)
-            kept_segments, kept_tokens = keep_states(self.checkpoints, plan, groups, keep_state, resumed, slots,
-                                                     capture, self.device)
+            if cache is not None:
+                cache.evict(rows_needed=plan.num_tokens)
+                stream_rows = self.runner.kv_pool.allocate(plan.num_tokens)
+                plan.assign_kv_rows(cached.prefix_rows, stream_rows, self.runner.kv_pool.scratch_row)
+            slots = self.runner.assign_slots(plan)
+            logprobs, graph = self.runner.forward(plan)  # [>= R, vocab] on the device
+            label_logprobs = self.runner.gather_labels(logprobs, readout, labels)
+            if cache is not None:
+                kept_rows, kept_segments, kept_tokens = keep_checkpoints(cache, plan, cached, stream_rows, slots)
         finally:
+            if stream_rows is not None:
+                self.runner.kv_pool.release(stream_rows[~np.isin(stream_rows, kept_rows)])
             self.runner.release_slot([slot for s, slot in enumerate(slots) if slot >= 0 and s not in kept_segments])
+            if cache is not None:
+                cache.unlock(cached.nodes)
+                cache.evict()  # back within the slot budget
 
         stream = [0] * n
         for seg in plan.tree.segments:
@@ -207,15 +234,27 @@ class Engine:
             stream_tokens=plan.num_tokens,
             segments=plan.num_segments,
             levels=plan.num_levels,
-            resumed_tokens=sum(len(c) for c in resumed.values()),
+            resumed_tokens=int(cached.prefix_rows.size),
         )
-        return RoundResult(answers, stream, [len(resumed[r]) if r in resumed else 0 for r in range(n)],
+        return RoundResult(answers, stream, [cached.resume[r].length if r in cached.resume else 0 for r in range(n)],
                            [kept_tokens.get(r, 0) for r in range(n)], stats, [graph])
 
     @_serialised
-    def clear_checkpoints(self) -> None:
-        """Forget every checkpoint (and free their state slots)."""
-        self.checkpoints.clear()
+    def flush_cache(self) -> None:
+        """Forget every cached state (SGLang's ``/flush_cache``); nothing when the
+        cache is off."""
+        if self.cache is not None:
+            self.cache.flush()
+
+    @_serialised
+    def cache_stats(self) -> dict:
+        """The state cache's :meth:`~.state_cache.StateCache.stats` and its budget
+        (``budget_bytes``, ``max_tokens``, ``max_slots``); ``{"enabled": False}``
+        when it is off."""
+        if self.cache is None:
+            return {"enabled": False}
+        return {"enabled": True, **self.cache.stats(), "budget_bytes": self.state_cache_bytes,
+                "max_tokens": self.runner.cache_rows, "max_slots": self.runner.cache_slots}
 
     # -- batches: as many rounds as the capacity needs ---------------------------
 
@@ -233,13 +272,13 @@ class Engine:
             out.append(item)
         return out, queue
 
-    def _run_queue(self, groups: list, keep_state: list, queue: RoundQueue) -> RoundResult:
+    def _run_queue(self, groups: list, queue: RoundQueue) -> RoundResult:
         # The queue's items index ``groups``; rounds run until it is empty.
         n = len(groups)
         out = RoundResult([None] * n, [0] * n, [0] * n, [0] * n)
         while len(queue):
             taken = queue.next_round()
-            result = self.run_round([groups[i] for i in taken], [keep_state[i] for i in taken])
+            result = self.run_round([groups[i] for i in taken])
             for j, i in enumerate(taken):
                 out.answers[i], out.stream_tokens[i] = result.answers[j], result.stream_tokens[j]
                 out.resumed_tokens[i], out.kept_tokens[i] = result.resumed_tokens[j], result.kept_tokens[j]
@@ -248,7 +287,7 @@ class Engine:
         return out
 
     @_serialised
-    def run_rounds(self, groups, keep_state: Optional[Sequence[bool]] = None) -> RoundResult:
+    def run_rounds(self, groups) -> RoundResult:
         """:meth:`run_round` for any number of requests: packed into as many rounds
         as :attr:`round_capacity` needs, by the round queue the scheduler uses.
 
@@ -258,16 +297,12 @@ class Engine:
 
         Raises:
             RequestError: a request larger than a round (naming ``prompts``).
-            ValueError: ``keep_state`` does not have one entry per request.
         """
-        keep = list(keep_state or [False] * len(groups))
-        if len(keep) != len(groups):
-            raise ValueError(f"keep_state has {len(keep)} entries for {len(groups)} requests")
         checked, queue = self._queue(list(groups), lambda g: g[0], "prompts")
         refused = next((item for item in checked if isinstance(item, RequestError)), None)
         if refused is not None:
             raise refused
-        return self._run_queue(list(groups), keep, queue)
+        return self._run_queue(list(groups), queue)
 
     # -- low-level form: token ids in, label log-probabilities out ---------------
 
@@ -296,8 +331,7 @@ class Engine:
                 parsed.append(e)
         checked, queue = self._queue(parsed, lambda r: r.prompts, "prompts")
         good = [r for r in checked if not isinstance(r, RequestError)]
-        result = self._run_queue([(r.prompts, [r.labels_for(i) for i in range(len(r.prompts))]) for r in good],
-                                 [r.checkpoint for r in good], queue)
+        result = self._run_queue([(r.prompts, [r.labels_for(i) for i in range(len(r.prompts))]) for r in good], queue)
         out, j = BatchAnswers(stats=result.stats), 0
         for req in checked:
             if isinstance(req, RequestError):
@@ -348,8 +382,7 @@ class Engine:
                 prepared.append(e)
         checked, queue = self._queue(prepared, lambda p: [q.prompt_ids for q in p[1]], "questions")
         good = [p for p in checked if not isinstance(p, RequestError)]
-        result = self._run_queue([([q.prompt_ids for q in enc], [q.label_ids for q in enc]) for _, enc in good],
-                                 [False] * len(good), queue)
+        result = self._run_queue([([q.prompt_ids for q in enc], [q.label_ids for q in enc]) for _, enc in good], queue)
         out, j = BatchAnswers(stats=result.stats), 0
         for item in checked:
             if isinstance(item, RequestError):

@@ -17,9 +17,11 @@ Modes (the ablation switches):
   keyed by batch shape do; a new mix of requests means a new capture.
 * ``off``: no graphs; the same kernels and tables, launched one by one.
 
-Rounds the graphs cannot hold run eagerly: rounds that resume from or keep
-checkpoints (their key prefix and captured K/V vary), and rounds larger or
-deeper than every capacity. So do rounds large enough that their own GPU time,
+Rounds that resume from the state cache replay the same graphs: the stream's
+K/V go to pool rows named by a static buffer, and keys are read through the
+round's ``kv_index``, one static buffer shared by every graph (only its used
+part is copied per round). Rounds larger or deeper than every capacity run
+eagerly. So do rounds large enough that their own GPU time,
 without padding, beats the padded graph's (at capture each graph's replay and
 one eager forward of the smallest capacity are timed): their launches hide
 behind the GPU work anyway.
@@ -30,7 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 import torch
@@ -99,13 +101,15 @@ def parse_capacities(text: str, levels: int = 4) -> list[GraphCapacity]:
 
 
 def default_capacities(tokens: int, segments: int, levels: int = 4, smallest: int = 256,
-                       step: float = 2 ** 0.25, lean_tokens: int = 2048) -> list[GraphCapacity]:
+                       step: float = 2 ** 0.25, lean_tokens: int = 2048, lean_levels: int = 2) -> list[GraphCapacity]:
     """Token capacities from ``smallest`` to ``tokens``, each ``step`` times the
     last (rounded up to 64 rows), each with a segment capacity of one per 32
     tokens (at least 8, at most ``segments``); the largest equals the round
     capacity, so every round that fits a round fits a graph. Up to
     ``lean_tokens``, each token capacity also gets a *lean* graph: one segment
-    per 128 tokens (at least 2) and 2 levels.
+    per 128 tokens (at least 2) and ``lean_levels`` levels, plus one segment
+    per level beyond 2 (with the state cache on, a state cut at a checkpoint
+    adds a level and a segment: ``lean_levels`` 3).
 
     The segment capacity also sizes the GDN chunk table (a segment adds at most
     one partial chunk), and fla-core's chunk kernels do a whole chunk's work for
@@ -126,7 +130,7 @@ def default_capacities(tokens: int, segments: int, levels: int = 4, smallest: in
     while t < tokens:
         out.append(GraphCapacity(t, min(segments, max(8, t // 32)), levels))
         if t <= lean_tokens:
-            out.append(GraphCapacity(t, min(segments, max(2, t // 128)), min(levels, 2)))
+            out.append(GraphCapacity(t, min(segments, max(2, t // 128) + lean_levels - 2), min(levels, lean_levels)))
         t = max(t + 64, -(-int(t * step) // 64) * 64)
     out.append(GraphCapacity(tokens, segments, levels))
     return sorted(set(out), key=lambda c: (c.tokens, c.segments, c.levels))
@@ -190,6 +194,7 @@ class GraphRunner:
             recaptures when the pool grows).
         capacities: the flat graphs' capacities (``flat`` mode).
         mode: one of :data:`MODES`.
+        kv_pool: the engine's :class:`~.kv_pool.KVPool`, or None (no state cache).
 
     Attributes:
         capture_seconds: wall time of the last :meth:`capture` (flat mode).
@@ -200,14 +205,14 @@ class GraphRunner:
         launch_ms: wall time of one eager forward of the smallest capacity.
     """
 
-    def __init__(self, model, state_pool, capacities: Sequence[GraphCapacity], mode: str = "flat"):
+    def __init__(self, model, state_pool, capacities: Sequence[GraphCapacity], mode: str = "flat", kv_pool=None):
         if mode not in MODES:
             raise ValueError(f"graph mode {mode!r} is not one of {', '.join(MODES)}")
         if mode != "off" and not graphs_supported(model):
             logger.warning("CUDA graphs need the Triton kernels with fla-core (GDN models) and no forced "
                            "reference kernels; running without graphs")
             mode = "off"
-        self.model, self.state_pool, self.mode = model, state_pool, mode
+        self.model, self.state_pool, self.mode, self.kv_pool = model, state_pool, mode, kv_pool
         self.device = model.lm_head.weight.device
         self.dtype = model.lm_head.weight.dtype
         self.spec = TableSpec.of(model, self.dtype)
@@ -225,6 +230,29 @@ class GraphRunner:
         self.capture_log: list[float] = []
         self.replays = self.eager_rounds = self.eager_by_cost = self.captures = 0
         self.last_host_ms = 0.0  # host time of the last replayed round's tables and copy
+        self._keys = None
+        if kv_pool is not None:
+            # Key-array rows (pool row, logical position) of a graph round: any
+            # prefix the pool holds, then the largest stream.
+            size = kv_pool.rows + 1 + max(c.tokens for c in self.capacities)
+            pin = self.device.type == "cuda"
+            self._keys = (torch.zeros(2, size, dtype=torch.long, device=self.device),
+                          torch.zeros(2, size, dtype=torch.long, pin_memory=pin))
+
+    def _with_keys(self, device_plan: FlatPlan) -> FlatPlan:
+        if self._keys is None:
+            return device_plan
+        keys = self._keys[0]
+        return replace(device_plan, kv_index=keys[0], kv_positions=keys[1], _level_tables=None)
+
+    def _write_keys(self, plan: FlatPlan) -> None:
+        # Only the round's own key rows are copied; the graph's kernels read no
+        # others (every key range is in the round's segment table).
+        n = int(plan.kv_index.numel())
+        device, host = self._keys
+        host[0, :n].copy_(plan.kv_index)
+        host[1, :n].copy_(plan.kv_positions)
+        device[:, :n].copy_(host[:, :n], non_blocking=device.device.type == "cuda")
 
     def _generation(self):
         return getattr(self.state_pool, "generation", 0)
@@ -244,10 +272,10 @@ class GraphRunner:
         # fullest graph (the most levels: the most launches).
         smallest = min(self.capacities, key=lambda c: (c.tokens, -c.levels, -c.segments))
         plan = self._graphs[smallest].plan
-        self.model(plan, self.state_pool)
+        self.model(plan, self.state_pool, self.kv_pool)
         torch.cuda.synchronize(self.device)
         t0 = time.perf_counter()
-        self.model(plan, self.state_pool)
+        self.model(plan, self.state_pool, self.kv_pool)
         torch.cuda.synchronize(self.device)
         self.launch_ms = 1e3 * (time.perf_counter() - t0)
         self.capture_seconds = time.perf_counter() - start
@@ -261,7 +289,11 @@ class GraphRunner:
         plan = plan_round([0], [[0] * min(capacity.tokens, 8)], "cpu")
         if self.state_pool is not None:
             plan.assign_slots([-1])
-        device_plan = device_round(plan, self.spec, self.device, capacity.tables, capacity.segments, entry.buffers)
+        if self.kv_pool is not None:
+            plan.assign_kv_rows([], [self.kv_pool.scratch_row] * plan.num_tokens, self.kv_pool.scratch_row)
+            self._write_keys(plan)
+        device_plan = self._with_keys(device_round(plan, self.spec, self.device, capacity.tables, capacity.segments,
+                                                   entry.buffers))
         entry.plan = device_plan
         if self._output is None:
             rows = max(c.segments for c in self.capacities + [capacity])
@@ -275,11 +307,11 @@ class GraphRunner:
         stream = self._stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream), torch.inference_mode():
-            self.model(device_plan, self.state_pool)  # compiles and tunes kernels outside the capture
+            self.model(device_plan, self.state_pool, self.kv_pool)  # compiles and tunes kernels outside the capture
             torch.cuda.synchronize(self.device)
             entry.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(entry.graph, pool=self._pool, stream=stream):
-                logprobs = self.model(device_plan, self.state_pool)
+                logprobs = self.model(device_plan, self.state_pool, self.kv_pool)
                 entry.output = self._output[: logprobs.shape[0]]
                 entry.output.copy_(logprobs)
                 del logprobs
@@ -326,7 +358,8 @@ class GraphRunner:
         return max(self.launch_ms, gpu)
 
     def run(self, plan: FlatPlan) -> tuple[torch.Tensor, Optional[GraphCapacity]]:
-        """Run a round given as a host plan (slots assigned, no checkpoints).
+        """Run a round given as a host plan (slots assigned, and K/V rows when
+        the runner has a K/V pool).
 
         Returns:
             ``([R', vocab] float32 log-probabilities on the device, whose first R
@@ -345,7 +378,7 @@ class GraphRunner:
         capacity = None if self.mode == "off" or self.model.kernel_backend == "reference" else self._pick(plan)
         if capacity is None:
             self.eager_rounds += 1
-            return self.model(device_round(plan, self.spec, self.device), self.state_pool), None
+            return self.model(device_round(plan, self.spec, self.device), self.state_pool, self.kv_pool), None
         t0 = time.perf_counter()
         if self.mode == "per_shape":
             entry = self._shaped.get(capacity) or self._capture(capacity, self._shaped)
@@ -355,6 +388,8 @@ class GraphRunner:
         else:
             entry = self._graphs.get(capacity) or self._capture(capacity)
         device_round(plan, self.spec, self.device, capacity.tables, capacity.segments, entry.buffers)
+        if self._keys is not None:
+            self._write_keys(plan)
         self.last_host_ms = 1e3 * (time.perf_counter() - t0)
         entry.graph.replay()
         self.replays += 1

@@ -20,7 +20,7 @@ from ..plan.flat import FlatPlan
 from ..protocol.errors import ModelLoadError
 from .capacity import RoundCapacity
 from .graph_runner import MODES, GraphCapacity, GraphRunner, default_capacities
-from .round_buffers import device_round
+from .kv_pool import KVPool
 from .state_pool import StatePool
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -57,6 +57,43 @@ def check_device(device) -> torch.device:
     return device
 
 
+def default_cache_bytes(device: torch.device) -> int:
+    """The state cache's default budget: 40% of the GPU memory free once the
+    weights are loaded; 256 MiB on the CPU."""
+    if device.type != "cuda":
+        return 256 << 20
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(int(0.4 * free), 1 << 20)
+
+
+def cache_sizes(model, dtype: torch.dtype, budget: int) -> tuple[int, int, int]:
+    """How a state-cache budget is spent: ``(K/V rows, GDN slots, bytes per slot)``.
+
+    A K/V row holds one token of every attention layer; a slot one state of
+    every GDN layer. GDN models give slots the share of the budget one
+    checkpoint per ``2 * 1024`` cached tokens would take, at least 2 slots.
+
+    Args:
+        model: the Flide model.
+        dtype: the model dtype.
+        budget: bytes for the cache (0: none).
+    """
+    item = torch.empty(0, dtype=dtype).element_size()
+    row_bytes = sum((h * d + h * dv) * item for h, d, dv in model.attention_shapes())
+    slot_bytes = 0
+    if model.num_gdn_layers:
+        (hv, kd, vd), conv = model.gdn_state_shapes()
+        slot_bytes = model.num_gdn_layers * (hv * kd * vd * 4 + conv[0] * conv[1] * item)
+    if budget <= 0:
+        return 0, 0, slot_bytes
+    slots = 0
+    if slot_bytes:
+        share = slot_bytes / (slot_bytes + 2048 * row_bytes)
+        slots = max(2, int(budget * share) // slot_bytes)
+    rows = max(budget - slots * slot_bytes, 0) // row_bytes if row_bytes else 0
+    return int(rows), int(slots), slot_bytes
+
+
 class ModelRunner:
     """One model ready to run rounds.
 
@@ -66,7 +103,9 @@ class ModelRunner:
         dtype: weights' and activations' torch dtype.
         device: where the model runs (checked by :func:`check_device`).
         round_capacity: the largest round (sizes the state pool and the graphs).
-        checkpoint_slots: GDN state slots to reserve for checkpoints.
+        state_cache_bytes: memory of the state cache (K/V rows and GDN slots
+            of cached states, :func:`cache_sizes`), 0 for no cache, None for
+            :func:`default_cache_bytes`.
         model: an already built Flide model to run instead of loading one.
         cuda_graphs: ``"flat"``, ``"per_shape"`` or ``"off"``
             (:mod:`~flide_ext.runtime.graph_runner`); default ``"flat"`` on CUDA.
@@ -89,7 +128,7 @@ class ModelRunner:
         dtype: torch.dtype,
         device: Union[str, torch.device],
         round_capacity: RoundCapacity,
-        checkpoint_slots: int = 0,
+        state_cache_bytes: Optional[int] = 0,
         model=None,
         cuda_graphs: Optional[str] = None,
         graph_capacities: Optional[Sequence[GraphCapacity]] = None,
@@ -123,7 +162,16 @@ class ModelRunner:
             self.model.set_kernel_backend(backend)
         self.config = self.model.config  # the text part, for multimodal checkpoints
         self.vocab_size = int(self.config.vocab_size)
-        self.state_pool = None
+        self.state_pool = self.kv_pool = None
+        if state_cache_bytes is None:
+            state_cache_bytes = default_cache_bytes(self.device)
+        self.state_cache_bytes = state_cache_bytes
+        self.cache_rows, self.cache_slots, self.slot_bytes = cache_sizes(self.model, dtype, state_cache_bytes)
+        if state_cache_bytes:
+            # The cache's rows, plus a whole round's (a round's stream K/V are
+            # written to the pool before the cache keeps some of them).
+            self.kv_pool = KVPool(self.model.attention_shapes(), dtype, self.device,
+                                  self.cache_rows + round_capacity.tokens)
         if self.model.num_gdn_layers:
             recurrent_shape, conv_shape = self.model.gdn_state_shapes()
             # The CPU float32 reference keeps recurrent states in float64, so a state
@@ -133,15 +181,17 @@ class ModelRunner:
             # On the GPU the pool starts with a slot for every request of a full
             # round plus every checkpoint, so it rarely grows (growing replaces
             # its tensors, and CUDA graphs over them are captured again).
-            slots = round_capacity.requests + checkpoint_slots if on_gpu else 8
+            slots = round_capacity.requests + self.cache_slots if on_gpu else 8
             self.state_pool = StatePool(
                 recurrent_shape, conv_shape, self.model.num_gdn_layers, dtype, self.device, capacity=max(slots, 1),
                 recurrent_dtype=torch.float64 if exact else torch.float32,
             )
         self.graphs = None
         if on_gpu:
-            capacities = graph_capacities or default_capacities(round_capacity.tokens, round_capacity.segments)
-            self.graphs = GraphRunner(self.model, self.state_pool, capacities, cuda_graphs)
+            # A state cut at a checkpoint adds a level: the lean graphs get one.
+            capacities = graph_capacities or default_capacities(round_capacity.tokens, round_capacity.segments,
+                                                                 lean_levels=3 if self.kv_pool is not None else 2)
+            self.graphs = GraphRunner(self.model, self.state_pool, capacities, cuda_graphs, self.kv_pool)
             with torch.inference_mode():
                 self.graphs.capture()
 
@@ -156,9 +206,9 @@ class ModelRunner:
         if self.state_pool is not None:
             self.state_pool.release(slots)
 
-    def assign_slots(self, plan: FlatPlan, keep_state: Sequence[bool]) -> list[int]:
-        """Give the segments whose final state someone reads a state slot:
-        parents, and the roots of requests that keep their state.
+    def assign_slots(self, plan: FlatPlan) -> list[int]:
+        """Give the segments whose final state someone reads a state slot: the
+        parents (a state cut into tiers at checkpoints makes each tier a parent).
 
         Returns:
             Per real segment its slot, -1 for none (empty for models without GDN layers).
@@ -166,32 +216,23 @@ class ModelRunner:
         if self.state_pool is None:
             return []
         needed = {seg.parent for seg in plan.tree.segments if seg.parent >= 0}
-        needed |= {s for s, seg in enumerate(plan.tree.segments) if seg.parent < 0 and keep_state[seg.request]}
         taken = iter(self.state_pool.allocate(len(needed)))
         slots = [next(taken) if s in needed else -1 for s in range(plan.num_segments)]
         plan.assign_slots(slots)
         return slots
 
-    def forward(self, plan: FlatPlan, kv_prefix=None, capture=None) -> tuple[torch.Tensor, Optional[GraphCapacity]]:
-        """Run a planned round (slots assigned).
-
-        Args:
-            plan: the round's plan, on :attr:`plan_device`.
-            kv_prefix: per attention layer ``(k, v)`` of the checkpoints resumed from, or None.
-            capture: a list to receive each attention layer's stream ``(k, v)``, or None.
+    def forward(self, plan: FlatPlan) -> tuple[torch.Tensor, Optional[GraphCapacity]]:
+        """Run a planned round (slots assigned; K/V rows assigned when the runner
+        has a K/V pool).
 
         Returns:
             ``([>= R, vocab] float32 log-probabilities on the device, whose first R
             rows are the readout rows; the graph capacity replayed, or None when
-            the round ran eagerly)``. Rounds with checkpoints run eagerly (their
-            key prefix and captured K/V vary).
+            the round ran eagerly)``.
         """
         if self.graphs is None:
-            return self.model(plan, self.state_pool, kv_prefix, capture), None
-        if kv_prefix is None and capture is None:
-            return self.graphs.run(plan)
-        device_plan = device_round(plan, self.graphs.spec, self.device)
-        return self.model(device_plan, self.state_pool, kv_prefix, capture), None
+            return self.model(plan, self.state_pool, self.kv_pool), None
+        return self.graphs.run(plan)
 
     @staticmethod
     def gather_labels(logprobs: torch.Tensor, rows: Sequence[int], labels: Sequence[Sequence[int]]) -> list:

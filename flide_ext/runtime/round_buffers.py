@@ -19,7 +19,7 @@ from ..kernels.tables import KernelTables, TableCapacity, build_tables
 from ..plan.flat import FlatPlan
 
 # Plan tensors the forward pass reads, padded to a capacity by pad_plan.
-_ROW_FIELDS = ("token_ids", "positions", "token_segment")
+_ROW_FIELDS = ("token_ids", "positions", "token_segment", "stream_rows")
 _SEGMENT_FIELDS = ("seg_parent", "seg_start", "seg_len", "seg_kv_start", "seg_kv_len", "seg_logical_start",
                    "seg_request", "seg_depth", "seg_slot", "seg_initial_slot")
 _ALIGN = 16
@@ -31,8 +31,10 @@ def pad_plan(plan: FlatPlan, capacity: TableCapacity, readouts: int) -> FlatPlan
     """The plan with its tensors padded to ``capacity`` (host tensors in, host out).
 
     Padding rows hold token 0 at position 0 in the padding segment (index
-    ``capacity.segments``); padding segments have no rows, keys, parent or slots;
-    padding readout rows read row 0. ``levels`` stay the round's own.
+    ``capacity.segments``) and write their K/V to the pool's scratch row;
+    padding segments have no rows, keys, parent or slots; padding readout rows
+    read row 0. ``levels`` stay the round's own. A round with a K/V pool comes
+    back without ``kv_index`` and ``kv_positions`` (the graph runner holds them).
 
     Raises:
         ValueError: the round does not fit (tokens, segments, levels or ``readouts``).
@@ -41,19 +43,22 @@ def pad_plan(plan: FlatPlan, capacity: TableCapacity, readouts: int) -> FlatPlan
     if T > capacity.tokens or S_all > capacity.segments or plan.num_levels > capacity.levels or R > readouts:
         raise ValueError(f"a round of {T} tokens, {S_all} segments, {plan.num_levels} levels and {R} readout "
                          f"rows does not fit {capacity} with {readouts} readout rows")
-    if plan.num_prefix_rows:
-        raise ValueError("a round resuming from checkpoints is not padded (its key prefix varies)")
+    if plan.num_prefix_rows and plan.kv_index is None:
+        raise ValueError("a round resuming from checkpoints is padded only with its K/V rows in a pool")
     pad_seg = capacity.segments
 
     def grow(t, size, fill):
         return torch.cat([t, torch.full((size - t.numel(),), fill, dtype=t.dtype)]) if t is not None else None
 
     fill = {"token_ids": 0, "positions": 0, "token_segment": pad_seg, "seg_start": T, "seg_parent": -1,
-            "seg_request": -1, "seg_depth": -1, "seg_slot": -1, "seg_initial_slot": -1}
+            "seg_request": -1, "seg_depth": -1, "seg_slot": -1, "seg_initial_slot": -1, "stream_rows": plan.kv_scratch}
     changes = {name: grow(getattr(plan, name), capacity.tokens, fill[name]) for name in _ROW_FIELDS}
     for name in _SEGMENT_FIELDS:
         changes[name] = grow(getattr(plan, name), capacity.segments + 1, fill.get(name, 0))
-    changes["kv_positions"] = changes["positions"]
+    # With a K/V pool the key array (kv_index, kv_positions) lives in the graph
+    # runner's shared buffer; without one it is the stream's own rows.
+    changes["kv_positions"] = changes["positions"] if plan.kv_index is None else None
+    changes["kv_index"] = None
     changes["readout_rows"] = grow(plan.readout_rows, readouts, 0)
     return replace(plan, _level_tables=None, **changes)
 
@@ -71,7 +76,7 @@ def _flatten(plan: FlatPlan, tables: Optional[dict], with_levels: bool) -> dict:
     named = {}
     for f in fields(FlatPlan):
         value = getattr(plan, f.name)
-        if isinstance(value, torch.Tensor) and f.name not in _HOST_FIELDS:
+        if isinstance(value, torch.Tensor) and f.name not in _HOST_FIELDS:  # None fields stay out
             named[f.name] = value
     if with_levels:
         for d, level in enumerate(plan.levels):

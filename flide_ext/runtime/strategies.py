@@ -1,23 +1,23 @@
 """Execution strategies of the engine, for ablation and comparison.
 
 * ``flide``: each request's prompts as one prefix tree, the state computed once
-  and forked to every question inside one flat stream (:meth:`Engine.run_rounds`).
-
-Every strategy packs its sequences into rounds within the engine's round
-capacity, as the scheduler does.
-* ``no_fork``: one sequence per question, the state recomputed for each.
+  and forked to every question inside one flat stream (:meth:`Engine.run_rounds`,
+  with the engine's state cache as it stands).
+* ``no_fork``: one sequence per question, the state recomputed for each (the
+  state cache is off for the call).
 * ``prefix_cache``: the strategy of today's serving engines: the state computed
   once and cached, then each question run as its own sequence continuing from
-  the cache. A recurrent (GDN) state can only be resumed where it was saved, and
-  such caches save it on a grid (``grid`` tokens, 64 by default), so on hybrid
-  models the cache holds the state up to the last grid point and each question
-  recomputes the rest.
+  the cache. The engine's own state cache does the caching; it resumes at
+  checkpoints, multiples of 64 tokens (:data:`~.state_cache.ALIGN`), so each
+  question recomputes the rest of its state. The cache is emptied before and
+  after the call.
 
-Every strategy returns a :class:`~.round_result.RoundResult` as
-:meth:`Engine.run_rounds` does, and on the CPU reference the same bits: a
-question's answer does not depend on how it ran. Its ``stats.stream_tokens``
-count every token the strategy computed (for ``prefix_cache``, the cached
-states too).
+Every strategy packs its sequences into rounds within the engine's round
+capacity, as the scheduler does, and returns a
+:class:`~.round_result.RoundResult` as :meth:`Engine.run_rounds` does; on the
+CPU reference the same bits: a question's answer does not depend on how it ran.
+Its ``stats.stream_tokens`` count every token the strategy computed (for
+``prefix_cache``, the cached states too).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from ..plan.tree import build_prefix_tree
-from .checkpoints import CheckpointStore
+from .state_cache import ALIGN
 
 STRATEGIES = ("flide", "no_fork", "prefix_cache")
 
@@ -37,60 +37,60 @@ def _shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
     return len(roots[0].tokens) if len(roots) == 1 else 0
 
 
-def cached_length(prompts: Sequence[Sequence[int]], recurrent: bool, grid: int = 64) -> int:
-    """Tokens of a request's state a prefix cache resumes from: the shared prefix,
-    leaving every question at least one token of its own, cut down to a multiple
-    of ``grid`` when the model has recurrent layers."""
-    n = min(_shared_prefix(prompts), min(len(p) for p in prompts) - 1)
-    return n - n % grid if recurrent else max(n, 0)
+def cached_length(prompts: Sequence[Sequence[int]]) -> int:
+    """Tokens of a request's state the prefix cache resumes from: the shared
+    prefix, leaving every question at least one token of its own, cut down to a
+    checkpoint position (a multiple of :data:`~.state_cache.ALIGN`)."""
+    n = max(min(_shared_prefix(prompts), min(len(p) for p in prompts) - 1), 0)
+    return n - n % ALIGN
 
 
-def run_strategy(engine, groups, strategy: str = "flide", grid: int = 64):
+def run_strategy(engine, groups, strategy: str = "flide"):
     """Answer ``groups`` (as :meth:`Engine.run_round`) with ``strategy``.
 
     Args:
         engine: a :class:`~flide_ext.runtime.engine.Engine`.
         groups: per request ``(prompts, label ids per prompt)``.
         strategy: one of :data:`STRATEGIES`.
-        grid: the recurrent-state save grid of ``prefix_cache`` (tokens).
 
     Returns:
         A :class:`~.round_result.RoundResult`: per request, per prompt, the
         labels' log-probabilities; stats of everything computed.
 
     Raises:
-        ValueError: an unknown strategy, or a grid that is not a positive integer.
+        ValueError: an unknown strategy, or ``prefix_cache`` on an engine whose
+            state cache is off.
 
-    Not for use while other threads call the same engine: ``prefix_cache``
-    swaps in its own checkpoint store for the call.
+    Not for use while other threads call the same engine (``no_fork`` turns
+    its cache off for the call, ``prefix_cache`` empties it).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
-    if type(grid) is not int or grid < 1:
-        raise ValueError(f"grid must be a positive integer, not {grid!r}")
     if strategy == "flide":
         return engine.run_rounds(groups)
     singles = [([p], [l]) for prompts, labels in groups for p, l in zip(prompts, labels)]
-    cached = []
-    if strategy == "prefix_cache":
-        recurrent = engine.model.num_gdn_layers > 0
-        for prompts, _ in groups:
-            n = cached_length(prompts, recurrent, grid) if prompts else 0
-            if n > 0:
-                cached.append(list(prompts[0][:n]))
-    # The strategy's cache is its own store, sized for every state it keeps: the
-    # engine's checkpoints (a user's) are neither evicted nor used meanwhile.
-    own = CheckpointStore(max(1, len(cached)), engine.checkpoints.release_slot, max(1, sum(map(len, cached))))
-    saved, engine.checkpoints = engine.checkpoints, own
-    try:
-        state_tokens = 0
-        if cached:
-            # Computing the states is the cache's first pass; their readout is not used.
-            state_tokens = engine.run_rounds([([state], [[0]]) for state in cached], [True] * len(cached)).stats.stream_tokens
-        flat = engine.run_rounds(singles)
-    finally:
-        own.clear()
-        engine.checkpoints = saved
+    state_tokens = 0
+    cache = engine.cache
+    if strategy == "no_fork":
+        engine.cache = None
+        try:
+            flat = engine.run_rounds(singles)
+        finally:
+            engine.cache = cache
+    else:
+        if cache is None:
+            raise ValueError("prefix_cache runs on the engine's state cache, which is off (radix_cache=False)")
+        # The first pass computes each state; one token more than the cached
+        # length puts its checkpoint at that length. Its readout is not used.
+        states = [list(prompts[0][:cached_length(prompts) + 1]) for prompts, _ in groups
+                  if prompts and cached_length(prompts) > 0]
+        engine.flush_cache()
+        try:
+            if states:
+                state_tokens = engine.run_rounds([([state], [[0]]) for state in states]).stats.stream_tokens
+            flat = engine.run_rounds(singles)
+        finally:
+            engine.flush_cache()
     # Regroup the single-question answers by request; the stats count what the
     # strategy computed: the cached states too.
     answers, stream, resumed, at = [], [], [], 0

@@ -1,9 +1,10 @@
 """The HTTP server: SGLang's decision routes, answered by Flide's forked executor.
 
 Routes (same wire format as SGLang, its own pydantic models): ``POST
-/v1/decisions``, ``POST /v1/systemone``, ``POST /v1/score``; ``GET /health``, ``/model_info``,
-``/get_model_info``, ``/server_info``, ``/v1/models``, ``/metrics``. Bad input is
-answered 400 with SGLang's ``ErrorResponse`` whose ``param`` names the field;
+/v1/decisions``, ``POST /v1/systemone``, ``POST /v1/score``; ``GET|POST /flush_cache``;
+``GET /health``, ``/model_info``, ``/get_model_info``, ``/server_info``, ``/v1/models``,
+``/metrics``. Bad input is answered 400 with SGLang's ``ErrorResponse`` whose
+``param`` names the field;
 ``--api-key`` requires ``Authorization: Bearer <key>`` (401 otherwise).
 """
 
@@ -14,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from sglang.srt.entrypoints.systemone.protocol import SystemOneResponse
@@ -34,6 +35,9 @@ class ServerInfo:
     dtype: str
     device: str
     api_key: Optional[str] = None
+    disable_radix_cache: bool = False
+    state_cache_bytes: int = 0  # the cache's budget (0: off)
+    state_cache_max_tokens: int = 0
 
 
 def _error(status: int, message: str, param: Optional[str] = None, kind: str = "BadRequestError"):
@@ -96,6 +100,17 @@ def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> 
         manager.start()
         return await answer(request, manager.score_request)
 
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache(timeout: float = Query(0.0, ge=0.0)):
+        """Empty the state cache (SGLang's route and answer). Flide flushes at the
+        next gap between rounds, so it never refuses for running requests and
+        ``timeout`` (SGLang's wait for an idle server) has nothing to wait for."""
+        manager.start()
+        done = await manager.flush_cache()
+        if done.error:
+            return Response(content=f"Flush cache failed: {done.error}\n", status_code=400)
+        return Response(content="Cache flushed.\n", status_code=200)
+
     @app.get("/health")
     async def health():
         return Response(status_code=200)
@@ -116,7 +131,9 @@ def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> 
     @app.get("/server_info")
     async def server_info():
         return {"decision_mode": True, "model_path": info.model_path, "dtype": info.dtype, "device": info.device,
-                "context_length": info.context_length, "vocab_size": info.vocab_size}
+                "context_length": info.context_length, "vocab_size": info.vocab_size,
+                "disable_radix_cache": info.disable_radix_cache, "state_cache_bytes": info.state_cache_bytes,
+                "state_cache_max_tokens": info.state_cache_max_tokens}
 
     @app.get("/v1/models")
     async def models():

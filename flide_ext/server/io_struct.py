@@ -8,19 +8,19 @@ from typing import List, Optional
 
 @dataclass
 class ScoreWork:
-    """One request's prompts for the next round.
+    """One request's prompts for the next round. Every request resumes from the
+    longest cached checkpoint of its state and leaves its own state behind (the
+    engine's state cache does this by itself).
 
     Attributes:
         rid: request id, unique in the server's lifetime.
         prompts: full prompt token ids, one list per question.
         labels: label token ids per prompt.
-        keep_state: keep the request's state as a checkpoint.
     """
 
     rid: int
     prompts: List[List[int]]
     labels: List[List[int]]
-    keep_state: bool = False
 
 
 @dataclass
@@ -31,19 +31,48 @@ class ScoreDone:
         rid: the request's id.
         label_logprobs: per prompt, the full-vocabulary log-probability of each label.
         stream_tokens: tokens of the round's flat stream that belong to this request.
+        round_requests: requests in the round.
+        cached_tokens: prompt tokens resumed from the state cache, summed over the
+            request's prompts as ``prompt_tokens`` is (SGLang's
+            ``usage.prompt_tokens_details.cached_tokens``).
         error: a message when the round failed (the request gets HTTP 500).
+        cache: ``Engine.cache_stats()`` after the round (for ``/metrics``).
     """
 
     rid: int
     label_logprobs: Optional[List[List[float]]] = None
     stream_tokens: int = 0
     round_requests: int = 0
+    cached_tokens: int = 0
     error: Optional[str] = None
+    cache: Optional[dict] = None
+
+
+@dataclass
+class FlushCache:
+    """Empty the state cache (``/flush_cache``), between two rounds."""
+
+    rid: int
+
+
+@dataclass
+class FlushCacheDone:
+    """The scheduler's answer to a FlushCache.
+
+    Attributes:
+        rid: the FlushCache's id.
+        error: a message when the flush failed.
+        cache: ``Engine.cache_stats()`` after the flush.
+    """
+
+    rid: int
+    error: Optional[str] = None
+    cache: Optional[dict] = None
 
 
 @dataclass
 class SchedulerReady:
-    """Sent once the model is loaded."""
+    """Sent once the model is loaded; ``info["cache"]`` is ``Engine.cache_stats()``."""
 
     vocab_size: int
     context_length: int

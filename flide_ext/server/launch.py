@@ -6,7 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import tempfile
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 from ..protocol.errors import FlideError
 from ..runtime.capacity import RoundCapacity
@@ -33,6 +33,9 @@ class ServeArgs:
     round_segments: int = _ROUND.segments
     cuda_graphs: Optional[str] = None
     graph_capacities: Optional[str] = None
+    disable_radix_cache: bool = False
+    state_cache_gb: Union[float, str, None] = None  # a number, or its text as given (checked by serve)
+    mem_fraction_static: Union[float, str, None] = None
     log_level: str = "warning"
 
 
@@ -42,8 +45,20 @@ def serve(args: ServeArgs) -> None:
     Raises:
         FlideError: the model or tokenizer cannot be loaded; a round capacity below
             1; an unknown CUDA-graph mode, graphs on a CPU device, or a malformed
-            graph capacity list.
+            graph capacity list; a bad state-cache flag (:func:`~.cache_args.cache_settings`).
     """
+    from .cache_args import cache_settings
+
+    # The flags first, before the server's imports: a bad one is one quick line.
+    try:
+        capacity = RoundCapacity(args.round_tokens, args.round_segments, args.max_round_requests)
+    except ValueError as e:
+        raise FlideError(f"{e} (--round-tokens, --round-segments, --max-round-requests; --max-prefill-tokens, "
+                         "--max-running-requests under --decision-mode)") from None
+    graphs = _graph_settings(args)
+    cache, fraction = cache_settings(args.disable_radix_cache, args.state_cache_gb, args.mem_fraction_static,
+                                     args.device)
+
     import shutil
 
     import uvicorn
@@ -61,12 +76,6 @@ def serve(args: ServeArgs) -> None:
         import torch
 
         torch.manual_seed(args.random_seed)
-    try:
-        capacity = RoundCapacity(args.round_tokens, args.round_segments, args.max_round_requests)
-    except ValueError as e:
-        raise FlideError(f"{e} (--round-tokens, --round-segments, --max-round-requests; --max-prefill-tokens, "
-                         "--max-running-requests under --decision-mode)") from None
-    graphs = _graph_settings(args)
     path = str(resolve_model_path(args.model_path))
     ipc = tempfile.mkdtemp(prefix="flide-")
     work_addr, done_addr = f"ipc://{ipc}/work", f"ipc://{ipc}/done"
@@ -76,9 +85,9 @@ def serve(args: ServeArgs) -> None:
     waiting = sync.socket(zmq.PULL)
     waiting.bind(done_addr)
     engine_kwargs = dict(model_path=path, dtype=args.dtype, device=args.device, context_length=args.context_length,
-                         tokenizer_path=args.tokenizer_path, **graphs)
+                         tokenizer_path=args.tokenizer_path, **graphs, **cache)
     scheduler = multiprocessing.get_context("spawn").Process(
-        target=run_scheduler, args=(engine_kwargs, work_addr, done_addr, capacity), daemon=True
+        target=run_scheduler, args=(engine_kwargs, work_addr, done_addr, capacity, fraction), daemon=True
     )
     scheduler.start()
     ready = waiting.recv_pyobj()
@@ -92,11 +101,14 @@ def serve(args: ServeArgs) -> None:
     done.bind(done_addr)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or path)
     metrics = Metrics()
+    stats = ready.info.get("cache", {"enabled": False})
+    metrics.cache(stats)
     served = args.served_model_name or args.model_path
     manager = TokenizerManager(tokenizer, ready.context_length, ready.vocab_size, work_addr, done, metrics, served,
                                capacity)
     info = ServerInfo(path, args.served_model_name or args.model_path, ready.context_length, ready.vocab_size,
-                      args.dtype, args.device, args.api_key)
+                      args.dtype, args.device, args.api_key, args.disable_radix_cache, stats.get("budget_bytes", 0),
+                      stats.get("max_tokens", 0))
     app = build_app(manager, info, metrics)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

@@ -3,11 +3,43 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+# The state cache's gauges: (metric, Engine.cache_stats() key, help).
+CACHE_GAUGES = (
+    ("flide_state_cache_enabled", "enabled", "1 when the state cache is on (0: --disable-radix-cache)"),
+    ("flide_state_cache_nodes", "nodes", "Checkpoints (radix-tree nodes) in the state cache"),
+    ("flide_state_cache_tokens", "cached_tokens", "Tokens (K/V rows) the state cache holds"),
+    ("flide_state_cache_slots", "slots", "GDN state slots the state cache holds"),
+    ("flide_state_cache_bytes", "bytes", "Bytes of K/V rows and GDN slots the state cache holds"),
+    ("flide_state_cache_budget_bytes", "budget_bytes", "The state cache's memory budget"),
+    ("flide_state_cache_max_tokens", "max_tokens", "Most tokens (K/V rows) the state cache can hold"),
+)
+# Counters since the server started (a flush does not reset them).
+CACHE_COUNTERS = (
+    ("flide_state_cache_hits", "hits", "Requests that resumed from the state cache"),
+    ("flide_state_cache_evicted_nodes", "evicted_nodes", "Checkpoints evicted from the state cache"),
+)
+
+
+class _CacheCollector:
+    """Reports the latest ``Engine.cache_stats()`` the scheduler sent."""
+
+    def __init__(self):
+        self.stats: dict = {}
+
+    def collect(self):
+        for name, key, doc in CACHE_GAUGES:
+            yield GaugeMetricFamily(name, doc, value=float(self.stats.get(key, 0)))
+        for name, key, doc in CACHE_COUNTERS:
+            yield CounterMetricFamily(name, doc, value=float(self.stats.get(key, 0)))
 
 
 class Metrics:
     """Requests by route and status, latency histograms, and token counts: what
-    flat streams computed against what one sequence per question would have."""
+    flat streams computed against what one sequence per question would have,
+    and what the state cache saved (``flide_cached_tokens_total``, SGLang's
+    ``sglang:cached_tokens_total``), with the cache's size and budget."""
 
     def __init__(self):
         self.registry = CollectorRegistry()
@@ -18,12 +50,23 @@ class Metrics:
         )
         self.prompt_tokens = Counter("flide_prompt_tokens_total", "Sum of per-question prompt tokens", registry=self.registry)
         self.stream_tokens = Counter("flide_stream_tokens_total", "Tokens computed in flat streams", registry=self.registry)
-        self.saved_tokens = Counter("flide_tokens_saved_total", "Prompt tokens not computed thanks to forking", registry=self.registry)
+        self.saved_tokens = Counter("flide_tokens_saved_total",
+                                    "Prompt tokens not computed (forked, or resumed from the state cache)",
+                                    registry=self.registry)
+        self.cached_tokens = Counter("flide_cached_tokens_total", "Prompt tokens resumed from the state cache",
+                                     registry=self.registry)
+        self._cache = _CacheCollector()
+        self.registry.register(self._cache)
 
-    def tokens(self, prompt: int, stream: int) -> None:
+    def tokens(self, prompt: int, stream: int, cached: int = 0) -> None:
         self.prompt_tokens.inc(prompt)
         self.stream_tokens.inc(stream)
         self.saved_tokens.inc(max(0, prompt - stream))
+        self.cached_tokens.inc(cached)
+
+    def cache(self, stats: dict) -> None:
+        """The state cache's latest ``Engine.cache_stats()``."""
+        self._cache.stats = dict(stats)
 
     def observe(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route, str(status)).inc()

@@ -4,7 +4,12 @@ When a round starts, every waiting request that still fits the round's token,
 segment and request capacity joins it, in arrival order (the engine's own
 :class:`flide_ext.runtime.rounds.RoundQueue`), so no request waits behind a
 round that could have held it; the rest wait for the next round, with whatever
-arrived meanwhile. Each round is one flat stream (``Engine.run_round``).
+arrived meanwhile. Each round is one flat stream (``Engine.run_round``); every
+request resumes from the engine's state cache and leaves its state there.
+
+A FlushCache empties the cache between two rounds (requests already waiting run
+after it, recomputing their states) and is answered at once; every answer
+carries the cache's stats after it, for ``/metrics``.
 """
 
 from __future__ import annotations
@@ -12,18 +17,21 @@ from __future__ import annotations
 import logging
 import os
 import traceback
+from typing import Optional
 
 import zmq
 
 from ..protocol.errors import RequestError
 from ..runtime.capacity import RoundCapacity
 from ..runtime.rounds import RoundQueue, request_size
-from .io_struct import SchedulerReady, ScoreDone, ScoreWork
+from .cache_args import device_fraction_budget
+from .io_struct import FlushCache, FlushCacheDone, SchedulerReady, ScoreDone, ScoreWork
 
 logger = logging.getLogger(__name__)
 
 
-def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity: RoundCapacity = RoundCapacity()) -> None:
+def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity: RoundCapacity = RoundCapacity(),
+                  mem_fraction_static: Optional[float] = None) -> None:
     """Process entry point: load the model, then serve rounds forever.
 
     Args:
@@ -33,6 +41,8 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
         capacity: most stream tokens, segments and requests per round. The
             tokenizer manager refuses requests larger than a round (HTTP 400);
             one that arrives anyway is answered with an error, not run.
+        mem_fraction_static: size the state cache from this fraction of the GPU's
+            memory (:func:`~.cache_args.fraction_budget`), here, where the GPU is.
     """
     context = zmq.Context()
     work = context.socket(zmq.PULL)
@@ -42,11 +52,16 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
     try:
         from ..runtime.engine import Engine
 
+        if mem_fraction_static is not None:
+            budget = device_fraction_budget(mem_fraction_static, engine_kwargs["device"], engine_kwargs["model_path"])
+            if budget is not None:
+                engine_kwargs = {**engine_kwargs, "state_cache_bytes": budget}
         engine = Engine(**engine_kwargs, round_capacity=capacity)
     except Exception as e:  # report any start failure to the parent, then stop
         done.send_pyobj(RuntimeError(f"{type(e).__name__}: {e}"))
         return
-    done.send_pyobj(SchedulerReady(engine.vocab_size, engine.context_length, {"path": str(engine.path)}))
+    info = {"path": str(engine.path), "cache": engine.cache_stats()}
+    done.send_pyobj(SchedulerReady(engine.vocab_size, engine.context_length, info))
     parent = os.getppid()
     waiting: RoundQueue[ScoreWork] = RoundQueue(capacity)
     while True:
@@ -59,6 +74,9 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
                 w = work.recv_pyobj(zmq.NOBLOCK)
             except zmq.Again:
                 break
+            if isinstance(w, FlushCache):  # between two rounds: none is running
+                done.send_pyobj(_flush(engine, w))
+                continue
             try:
                 waiting.put(w, request_size(w.prompts))
             except RequestError as e:
@@ -67,11 +85,23 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
         if not batch:
             continue
         try:
-            result = engine.run_round([(w.prompts, w.labels) for w in batch], [w.keep_state for w in batch])
-            for w, logprobs, stream in zip(batch, result.answers, result.stream_tokens):
-                done.send_pyobj(ScoreDone(w.rid, logprobs, stream, len(batch)))
+            result = engine.run_round([(w.prompts, w.labels) for w in batch])
+            stats = engine.cache_stats()
+            for w, logprobs, stream, cached in zip(batch, result.answers, result.stream_tokens, result.resumed_tokens):
+                # As prompt_tokens, summed over the request's prompts: each one's first
+                # ``cached`` tokens came from the cache.
+                done.send_pyobj(ScoreDone(w.rid, logprobs, stream, len(batch), cached * len(w.prompts), cache=stats))
         except Exception:
             message = traceback.format_exc(limit=3)
             logger.error("round failed: %s", message)
             for w in batch:
                 done.send_pyobj(ScoreDone(w.rid, error="the round failed inside the engine"))
+
+
+def _flush(engine, work: FlushCache) -> FlushCacheDone:
+    try:
+        engine.flush_cache()
+        return FlushCacheDone(work.rid, cache=engine.cache_stats())
+    except Exception as e:  # reported to the client, not raised: the loop goes on
+        logger.error("flush_cache failed: %s", traceback.format_exc(limit=3))
+        return FlushCacheDone(work.rid, error=f"{type(e).__name__}: {e}")

@@ -16,7 +16,7 @@ from ..protocol.errors import RequestError
 from ..protocol.token_requests import TokenRequest, check_token_request
 from ..runtime.capacity import RoundCapacity
 from ..runtime.rounds import request_size
-from .io_struct import ScoreDone, ScoreWork
+from .io_struct import FlushCache, FlushCacheDone, ScoreDone, ScoreWork
 from .metrics import Metrics
 
 
@@ -61,42 +61,58 @@ class TokenizerManager:
 
     async def _receive(self) -> None:
         while True:
-            done: ScoreDone = await self.done.recv_pyobj()
+            done = await self.done.recv_pyobj()  # ScoreDone or FlushCacheDone
+            if done.cache is not None:
+                self.metrics.cache(done.cache)
             future = self.pending.pop(done.rid, None)
             if future is not None and not future.done():  # a client may have gone away
                 future.set_result(done)
 
-    async def score(self, prompts: List[List[int]], labels: List[List[int]], keep_state: bool = False,
-                    field: str = "prompts") -> ScoreDone:
-        """Run one request's prompts in the scheduler's next round.
-
-        Raises:
-            RequestError: on ``field``, when no round can hold the request.
-        """
-        self.capacity.check(request_size(prompts), field)
+    async def _ask(self, make):
+        # Send make(rid) to the scheduler and await the answer with that rid.
         self.start()
         rid = next(self.rids)
         future = asyncio.get_running_loop().create_future()
         self.pending[rid] = future
-        await self.work.send_pyobj(ScoreWork(rid, prompts, labels, keep_state))
+        await self.work.send_pyobj(make(rid))
         try:
-            done = await future
+            return await future
         finally:
             self.pending.pop(rid, None)
+
+    async def score(self, prompts: List[List[int]], labels: List[List[int]], field: str = "prompts") -> ScoreDone:
+        """Run one request's prompts in the scheduler's next round (resuming from
+        the state cache, and leaving its state there).
+
+        Raises:
+            RequestError: on ``field``, when no round can hold the request.
+            SchedulerError: the round failed.
+        """
+        self.capacity.check(request_size(prompts), field)
+        done: ScoreDone = await self._ask(lambda rid: ScoreWork(rid, prompts, labels))
         if done.error:
             raise SchedulerError(done.error)
-        self.metrics.tokens(sum(len(p) for p in prompts), done.stream_tokens)
+        self.metrics.tokens(sum(len(p) for p in prompts), done.stream_tokens, done.cached_tokens)
         return done
 
+    async def flush_cache(self) -> FlushCacheDone:
+        """Empty the scheduler's state cache between two rounds; the answer's
+        ``error`` says why it failed."""
+        return await self._ask(FlushCache)
+
     async def decide(self, body):
-        """A ``/v1/decisions`` body -> SGLang DecisionResponse. Raises RequestError."""
+        """A ``/v1/decisions`` body -> SGLang DecisionResponse, its usage's
+        ``prompt_tokens_details.cached_tokens`` filled. Raises RequestError."""
         request = parse_decision_request(body)
         encoded = self.renderer.encode(request)
         done = await self.score([q.prompt_ids for q in encoded], [q.label_ids for q in encoded], field="questions")
-        return self.renderer.respond(request, encoded, done.label_logprobs)
+        response = self.renderer.respond(request, encoded, done.label_logprobs)
+        response.usage.prompt_tokens_details = _cached(done)
+        return response
 
     async def decide_systemone(self, body):
-        """A ``/v1/systemone`` body -> SGLang SystemOneResponse. Raises RequestError."""
+        """A ``/v1/systemone`` body -> SGLang SystemOneResponse (whose usage has no
+        cached-token field). Raises RequestError."""
         request = self.systemone.parse(body)
         views, encoded = self.systemone.encode(request)
         done = await self.score([q.prompt_ids for q in encoded], [q.label_ids for q in encoded], field="questions")
@@ -159,5 +175,13 @@ class TokenizerManager:
             scores=scores,
             token_logprobs=done.label_logprobs if request.return_token_logprobs else None,
             model=request.model,
-            usage=UsageInfo(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens),
+            usage=UsageInfo(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens,
+                            prompt_tokens_details=_cached(done)),
         )
+
+
+def _cached(done: ScoreDone):
+    """SGLang's ``usage.prompt_tokens_details``: the tokens resumed from the cache."""
+    from sglang.srt.entrypoints.openai.protocol import PromptTokensDetails
+
+    return PromptTokensDetails(cached_tokens=done.cached_tokens)

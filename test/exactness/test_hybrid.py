@@ -44,8 +44,9 @@ def test_depth_three_tree_equals_each_leaf_alone(family, tiny_engines, tiny_hf):
     question = [rng.randrange(VOCAB) for _ in range(2)]  # shorter than the conv window
     options = [[t] for t in rng.sample(range(VOCAB), 3)] + [[rng.randrange(VOCAB) for _ in range(5)]]
     prompts = [state + question + o for o in options] + [state + question, state + [9]]
+    tiny_engines[family].flush_cache()
     stats = assert_exact(tiny_engines[family], tiny_hf[family], [{"prompts": prompts, "label_token_ids": [1, 2]}])
-    assert stats.levels == 3
+    assert stats.levels == 4  # state, question, options, and the state cut at its checkpoint (64 tokens)
 
 
 def growing_history(rng, n):
@@ -58,77 +59,70 @@ def questions_after(rng, history, n=3):
 
 
 @pytest.mark.parametrize("family", HYBRIDS + ["qwen3"])
-@pytest.mark.parametrize("split", [1, 63, 64, 65, 100])
+@pytest.mark.parametrize("split", [1, 63, 64, 65, 100, 129])
 def test_checkpoint_then_resume_equals_one_call(family, split, tiny_engines):
+    """A request leaves its state in the state cache at its last checkpoint
+    position (a multiple of 64 tokens); a longer one resumes from it and gives
+    the bits of one cold call."""
     engine = tiny_engines[family]
     rng = random.Random(split)
     history = growing_history(rng, 140)
     prompts = questions_after(rng, history)
     labels = [5, 6, 7]
-    engine.clear_checkpoints()
+    engine.flush_cache()
     one_call = engine.score_tokens({"prompts": prompts, "label_token_ids": labels}).label_logprobs
-    first = engine.score_tokens({"prompts": [history[:split]], "label_token_ids": labels, "checkpoint": True})
-    assert first.checkpoint_tokens == split
+    engine.flush_cache()
+    first = engine.score_tokens({"prompts": [history[:split]], "label_token_ids": labels})
+    kept = (split - 1) // 64 * 64  # its state is all but its last token
+    assert first.checkpoint_tokens == kept
     batch = engine.score_tokens_batch([{"prompts": prompts, "label_token_ids": labels}])
     resumed = batch[0]
-    assert resumed.resumed_tokens == split
-    computed = sum(len(p) for p in prompts) - len(prompts) * len(history) + (len(history) - split)
+    assert resumed.resumed_tokens == kept
+    computed = sum(len(p) for p in prompts) - len(prompts) * len(history) + (len(history) - kept)
     assert batch.stats.stream_tokens == computed
-    for a, b in zip(resumed.label_logprobs, one_call):
-        assert max(abs(x - y) for x, y in zip(a, b)) <= 1e-5
-    engine.clear_checkpoints()
+    assert resumed.label_logprobs == one_call
+    engine.flush_cache()
 
 
 @pytest.mark.parametrize("family", HYBRIDS)
 def test_eight_successive_resumes_of_a_growing_history(family, tiny_engines, tiny_hf):
     engine = tiny_engines[family]
-    engine.clear_checkpoints()
+    engine.flush_cache()
     rng = random.Random(8)
     history = []
     previous = 0
     for step in range(8):
         history = history + growing_history(rng, rng.randint(1, 40))
         prompts = questions_after(rng, history, n=2)
-        answer = engine.score_tokens({"prompts": prompts, "label_token_ids": [1, 2, 3], "checkpoint": True})
+        answer = engine.score_tokens({"prompts": prompts, "label_token_ids": [1, 2, 3]})
         assert answer.resumed_tokens == previous
-        assert answer.checkpoint_tokens == len(history)
-        previous = len(history)
+        checkpoint = len(history) // 64 * 64
+        assert answer.checkpoint_tokens == (checkpoint if checkpoint > previous else 0)
+        previous = max(previous, checkpoint)
         for prompt, got in zip(prompts, answer.label_logprobs):
             ref = hf_label_logprobs(tiny_hf[family], prompt, [1, 2, 3])
             assert max(abs(x - y) for x, y in zip(got, ref)) <= 1e-4
             assert got.index(max(got)) == ref.index(max(ref))
-    cold = engine.__class__(str(engine.path)).score_tokens({"prompts": prompts, "label_token_ids": [1, 2, 3]})
-    for a, b in zip(answer.label_logprobs, cold.label_logprobs):
-        assert max(abs(x - y) for x, y in zip(a, b)) <= 1e-5
-    engine.clear_checkpoints()
+    assert previous >= 128
+    cold = engine.__class__(str(engine.path), radix_cache=False).score_tokens(
+        {"prompts": prompts, "label_token_ids": [1, 2, 3]})
+    assert answer.label_logprobs == cold.label_logprobs
+    engine.flush_cache()
 
 
 @pytest.mark.parametrize("family", HYBRIDS + ["llama"])
 def test_same_request_cold_then_warm_is_identical(family, tiny_engines):
     engine = tiny_engines[family]
-    engine.clear_checkpoints()
+    engine.flush_cache()
     rng = random.Random(3)
     history = growing_history(rng, 90)
-    request = {"prompts": questions_after(rng, history, n=4), "label_token_ids": [1, 2], "checkpoint": True}
+    request = {"prompts": questions_after(rng, history, n=4), "label_token_ids": [1, 2]}
     cold = engine.score_tokens(request)
     warm = engine.score_tokens(request)
-    assert cold.resumed_tokens == 0 and warm.resumed_tokens == 90
+    assert cold.resumed_tokens == 0 and warm.resumed_tokens == 64
     assert warm.label_logprobs == cold.label_logprobs
     assert warm.probabilities == cold.probabilities
-    engine.clear_checkpoints()
-
-
-def test_checkpoint_slots_are_bounded(tiny_dirs):
-    from flide_ext import Engine
-
-    engine = Engine(str(tiny_dirs["qwen3_5"]), checkpoint_capacity=2)
-    rng = random.Random(1)
-    for _ in range(5):
-        history = growing_history(rng, 10)
-        engine.score_tokens({"prompts": questions_after(rng, history), "label_token_ids": [1], "checkpoint": True})
-    assert len(engine.checkpoints) == 2
-    pool = engine.state_pool
-    assert pool.capacity - len(pool.free) == 2  # only the kept checkpoints hold slots
+    engine.flush_cache()
 
 
 def test_flide_decide_with_a_qwen35_checkpoint_directory(tmp_path):
@@ -175,17 +169,19 @@ def test_forked_and_resumed_are_bitwise_alone(family, tmp_path):
     together = engine.score_tokens({"prompts": prompts, "label_token_ids": labels}).label_logprobs
     for prompt, got in zip(prompts, together):
         assert got == engine.score_tokens({"prompts": [prompt], "label_token_ids": labels}).label_logprobs[0]
-    for split in (150, 170, 299):
-        engine.score_tokens({"prompts": [state[:split]], "label_token_ids": labels, "checkpoint": True})
+    engine.flush_cache()
+    for split in (150, 170, 299):  # checkpoints at 128 and 256 tokens
+        engine.score_tokens({"prompts": [state[:split]], "label_token_ids": labels})
     resumed = engine.score_tokens({"prompts": prompts, "label_token_ids": labels})
-    assert resumed.resumed_tokens == 299 and resumed.label_logprobs == together
+    assert resumed.resumed_tokens == 256 and resumed.label_logprobs == together
 
 
 def test_a_failing_round_raises_its_own_error_and_frees_its_slots(tiny_dirs, monkeypatch):
     from flide_ext import Engine
 
     engine = Engine(str(tiny_dirs["qwen3_5"]))
-    request = {"prompts": [[1, 2, 3, 4], [1, 2, 3, 5]], "label_token_ids": [1], "checkpoint": True}
+    state = list(range(3, 73))
+    request = {"prompts": [state + [4], state + [5]], "label_token_ids": [1]}
 
     def broken(*args, **kwargs):
         raise MemoryError("simulated")
@@ -194,19 +190,7 @@ def test_a_failing_round_raises_its_own_error_and_frees_its_slots(tiny_dirs, mon
     with pytest.raises(MemoryError, match="simulated"):
         engine.score_tokens(request)
     pool = engine.state_pool
-    assert pool.capacity == len(pool.free) and len(engine.checkpoints) == 0
+    assert pool.capacity == len(pool.free) and engine.cache_stats()["nodes"] == 0
+    assert engine.runner.kv_pool.num_free == engine.runner.kv_pool.rows
     monkeypatch.undo()
-    assert engine.score_tokens(request).checkpoint_tokens == 3
-
-
-def test_checkpoint_arguments_and_budget(tiny_dirs):
-    from flide_ext import Engine
-
-    for bad in (None, "4", -1, 2.5):
-        with pytest.raises(ValueError, match="checkpoint_capacity"):
-            Engine(str(tiny_dirs["qwen3"]), checkpoint_capacity=bad)
-    engine = Engine(str(tiny_dirs["qwen3_5"]), checkpoint_max_tokens=10)
-    state = list(range(20))
-    answer = engine.score_tokens({"prompts": [state + [1], state + [2]], "label_token_ids": [1], "checkpoint": True})
-    assert answer.checkpoint_tokens == 0 and len(engine.checkpoints) == 0
-    assert engine.state_pool.capacity == len(engine.state_pool.free)
+    assert engine.score_tokens(request).checkpoint_tokens == 64

@@ -44,3 +44,17 @@ def wait_for_health(url: str, proc, log) -> None:
             pytest.fail("server exited: " + log.read_text())
     proc.kill()
     pytest.fail("server did not start: " + log.read_text())
+
+
+def serving(command: list, log_dir):
+    """Start a server (``command`` without ``--port``) on a free port and wait for
+    its health; a generator for module fixtures: yields its URL, then stops it."""
+    port = free_port()
+    log = log_dir / "server.log"
+    proc = subprocess.Popen([*command, "--port", str(port)], stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            env=quiet_env())
+    url = f"http://127.0.0.1:{port}"
+    wait_for_health(url, proc, log)
+    yield url
+    proc.terminate()
+    proc.wait(30)

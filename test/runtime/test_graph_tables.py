@@ -298,8 +298,6 @@ def test_runner_without_graphs_answers_as_the_engine(tiny_dirs):
         Engine(str(tiny_dirs["qwen3_5"]), cuda_graphs="always")
     with pytest.raises(ValueError, match="graph_capacities only apply"):
         Engine(str(tiny_dirs["qwen3_5"]), graph_capacities=[GraphCapacity(512, 32)])
-    with pytest.raises(ValueError, match="keep_state has 1 entries for 2 requests"):
-        engine.run_rounds([([[1, 2]], [[3]]), ([[4, 5]], [[6]])], keep_state=[True])
 
 
 def test_graphs_need_triton_kernels_and_fla_for_gdn(tiny_dirs):

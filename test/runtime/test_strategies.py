@@ -23,11 +23,10 @@ def _groups(seed=0):
 
 def test_cached_length():
     prompts = [list(range(150)) + [500], list(range(150)) + [501, 502]]
-    assert cached_length(prompts, recurrent=False) == 150
-    assert cached_length(prompts, recurrent=True) == 128
-    assert cached_length(prompts, recurrent=True, grid=100) == 100
-    assert cached_length([list(range(40)), list(range(40)) + [1]], recurrent=False) == 39  # a question keeps a token
-    assert cached_length([[1, 2]], recurrent=True) == 0
+    assert cached_length(prompts) == 128  # checkpoints sit at multiples of 64 tokens
+    assert cached_length([list(range(64)), list(range(64)) + [1]]) == 0  # a question keeps a token: 63 shared
+    assert cached_length([list(range(65)), list(range(65)) + [1]]) == 64
+    assert cached_length([[1, 2]]) == 0
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "llama"])
@@ -42,15 +41,13 @@ def test_strategies_answer_alike(tiny_dirs, family, monkeypatch):
         for g_req, w_req in zip(got, want):
             for g, w in zip(g_req, w_req):
                 torch.testing.assert_close(torch.tensor(g), torch.tensor(w), rtol=1e-5, atol=1e-5)
-        assert len(engine.checkpoints) == 0  # the strategy's cache entries are gone
         if strategy == "prefix_cache":  # every question resumed from its request's cached state
-            recurrent = engine.model.num_gdn_layers > 0
-            assert result.stats.resumed_tokens == sum(
-                cached_length(prompts, recurrent) * len(prompts) for prompts, _ in groups) > 0
-            # Tokens computed: each cached state once, then every question's uncached rest.
+            assert engine.cache_stats()["nodes"] == 0  # the strategy's cache entries are gone
+            assert result.stats.resumed_tokens == sum(cached_length(prompts) * len(prompts) for prompts, _ in groups) > 0
+            # Tokens computed: each cached state (and one token more) once, then every question's uncached rest.
             assert result.stats.stream_tokens == sum(
-                cached_length(prompts, recurrent) + sum(len(p) - cached_length(prompts, recurrent) for p in prompts)
-                for prompts, _ in groups)
+                (cached_length(prompts) + 1 if cached_length(prompts) else 0)
+                + sum(len(p) - cached_length(prompts) for p in prompts) for prompts, _ in groups)
     # no_fork recomputes every state per question: more stream tokens than Flide.
     no_fork = run_strategy(engine, groups, "no_fork")
     assert no_fork.stats.stream_tokens == sum(len(p) for prompts, _ in groups for p in prompts) > stream
@@ -67,18 +64,18 @@ def test_strategies_answer_alike(tiny_dirs, family, monkeypatch):
         run_strategy(engine, groups, "paged")
 
 
-def test_prefix_cache_keeps_user_checkpoints(tiny_dirs):
-    """The strategy's cache is its own: a full store of the user's checkpoints is
-    neither evicted nor leaked into, and the strategy still resumes every question."""
-    engine = Engine(str(tiny_dirs["qwen3_5"]), checkpoint_capacity=1)
+def test_prefix_cache_needs_the_state_cache(tiny_dirs):
+    """prefix_cache runs on the engine's own cache (emptied before and after);
+    no_fork never resumes, even from a warm cache."""
+    engine = Engine(str(tiny_dirs["qwen3_5"]))
     groups = _groups()
-    user = ([list(range(3, 100))], [[1]])
-    engine.run_round([user], [True])
-    kept = set(engine.checkpoints.entries)
-    assert len(kept) == 1
-    result = run_strategy(engine, groups, "prefix_cache")
-    assert set(engine.checkpoints.entries) == kept
-    assert result.stats.resumed_tokens == sum(cached_length(p, True) * len(p) for p, _ in groups) > 0
-    with pytest.raises(ValueError, match="grid must be a positive integer"):
-        run_strategy(engine, groups, "prefix_cache", grid=2.5)
+    engine.run_rounds(groups)  # the cache now holds the states
+    assert engine.cache_stats()["cached_tokens"] > 0
+    assert run_strategy(engine, groups, "no_fork").stats.resumed_tokens == 0
+    assert engine.cache_stats()["cached_tokens"] > 0  # no_fork leaves the cache as it was
+    run_strategy(engine, groups, "prefix_cache")
+    assert engine.cache_stats()["cached_tokens"] == 0
     assert run_strategy(engine, [([], [])] + groups, "prefix_cache").answers[0] == []
+    off = Engine(str(tiny_dirs["qwen3_5"]), radix_cache=False)
+    with pytest.raises(ValueError, match="prefix_cache runs on the engine's state cache"):
+        run_strategy(off, groups, "prefix_cache")

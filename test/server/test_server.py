@@ -1,5 +1,6 @@
 """The real server (``flide serve``) as a subprocess on CPU: SGLang's wire format,
-answers equal to the Engine's, concurrency without loss, bad input as 4xx."""
+answers equal to the Engine's, concurrency without loss, bad input as 4xx, the
+state cache's cached tokens and ``/flush_cache``."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from flide_ext import Engine
 from flide_ext.protocol.decisions import parse_decision_request
 from test.helpers import EXAMPLES
 from test.helpers.decisions import choice
-from test.helpers.processes import free_port, quiet_env, wait_for_health
+from test.helpers.processes import quiet_env, serving
 
 KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -26,18 +27,9 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 @pytest.fixture(scope="module")
 def server(char_model_dir, tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flide_ext.entrypoints.cli", "serve", "--model-path", str(char_model_dir), "--port", str(port),
-         "--api-key", KEY, "--context-length", "400", "--round-tokens", "3000"],
-        stdout=open(log, "w"), stderr=subprocess.STDOUT, env=quiet_env(),
-    )
-    url = f"http://127.0.0.1:{port}"
-    wait_for_health(url, proc, log)
-    yield url
-    proc.terminate()
-    proc.wait(30)
+    yield from serving([sys.executable, "-m", "flide_ext.entrypoints.cli", "serve", "--model-path", str(char_model_dir),
+                        "--api-key", KEY, "--context-length", "400", "--round-tokens", "3000"],
+                       tmp_path_factory.mktemp("server"))
 
 
 @pytest.fixture(scope="module")
@@ -256,3 +248,51 @@ def test_systemone_route(server, engine):
     noul = requests.post(f"{server}/v1/systemone", json={"state": "x", "model": "m", "questions": {
         "q": {"type": "noul", "instructions": "Is it?"}}}, headers=AUTH)
     assert noul.status_code == 400 and noul.json()["param"] == "questions.q"  # yes/no labels are not one char token
+
+
+def _metric(text: str, name: str) -> float:
+    values = [line.split()[1] for line in text.splitlines() if line.split(" ", 1)[0] == name]
+    assert values, f"{name} not in /metrics"
+    return float(values[0])
+
+
+def test_flush_cache_and_cached_tokens(server):
+    """A growing history resumes from the state cache (checkpoints every 64
+    tokens), reported as SGLang's usage.prompt_tokens_details.cached_tokens;
+    after /flush_cache the same request computes everything again, to the same bits."""
+    history = "Harbour log: the ferry left at nine, the gulls followed it west, the fog lifted by ten. " * 2
+    question = [choice("a", 3), choice("b", 2, "Pick")]
+
+    def decide(text):
+        r = requests.post(f"{server}/v1/decisions", json={"input": text, "questions": question}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    decide(history)
+    grown = decide(history + "Noon: rain.")
+    assert grown["usage"]["prompt_tokens_details"]["cached_tokens"] >= 64
+    metrics = requests.get(f"{server}/metrics").text
+    assert _metric(metrics, "flide_cached_tokens_total") >= 64
+    assert _metric(metrics, "flide_state_cache_hits_total") >= 1
+    assert _metric(metrics, "flide_state_cache_tokens") >= 64 and _metric(metrics, "flide_state_cache_nodes") >= 1
+    assert 0 < _metric(metrics, "flide_state_cache_bytes") <= _metric(metrics, "flide_state_cache_budget_bytes")
+    assert _metric(metrics, "flide_state_cache_enabled") == 1
+    assert "flide_state_cache_evicted_nodes_total" in metrics
+    score = {"query": history, "items": ["calm", "storm"], "label_token_ids": [1, 2, 3]}
+    requests.post(f"{server}/v1/score", json=score, headers=AUTH)
+    scored = requests.post(f"{server}/v1/score", json=score, headers=AUTH).json()
+    assert scored["usage"]["prompt_tokens_details"]["cached_tokens"] >= 64
+
+    assert requests.post(f"{server}/flush_cache").status_code == 401  # behind the API key, like SGLang's
+    flushed = requests.post(f"{server}/flush_cache", headers=AUTH)
+    assert flushed.status_code == 200 and flushed.text.startswith("Cache flushed.")
+    assert _metric(requests.get(f"{server}/metrics").text, "flide_state_cache_tokens") == 0
+    again = decide(history + "Noon: rain.")
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert again["answers"] == grown["answers"]  # bitwise: resumed or recomputed, the same floats
+    assert requests.get(f"{server}/flush_cache", headers=AUTH).status_code == 200  # SGLang takes GET too
+    rescored = requests.post(f"{server}/v1/score", json=score, headers=AUTH).json()
+    assert rescored["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert rescored["scores"] == scored["scores"]
+    info = requests.get(f"{server}/server_info", headers=AUTH).json()
+    assert info["disable_radix_cache"] is False and info["state_cache_bytes"] == 256 << 20  # the CPU default

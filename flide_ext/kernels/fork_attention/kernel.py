@@ -15,6 +15,12 @@ identically and its output has the same bits. Tiles with no visible key for a
 row change nothing for that row (scale 1, add 0), so how rows are grouped into
 blocks does not matter either.
 
+The path table gives each key its key-array position. With ``kv_index``
+(``HAS_INDEX``) that position's K and V are loaded from row ``kv_index[position]``
+of the K/V pools, in place, while ``kv_positions`` stays indexed by key-array
+position; tiles and their order do not change, so an index over a pool gives the
+bits of the equivalent contiguous key array.
+
 Online softmax as in FlashAttention (Dao et al., 2022, arXiv:2205.14135), with
 float32 statistics and accumulator.
 """
@@ -32,7 +38,7 @@ from .paths import block_arrays, host_array, path_tables
 
 @triton.jit
 def _fork_attention_kernel(
-    Q, K, V, O, POS, KV_POS,
+    Q, K, V, O, POS, KV_POS, KV_INDEX,
     BLOCK_SEG, BLOCK_ROW,
     SEG_START, SEG_LEN, SEG_OFFSET,
     PATH_KV, PATH_OFFSET, PATH_LEN,
@@ -41,7 +47,7 @@ def _fork_attention_kernel(
     GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DEPTH: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, PACK_GQA: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, PACK_GQA: tl.constexpr, HAS_INDEX: tl.constexpr,
 ):
     block = tl.program_id(0)
     r = tl.arange(0, BLOCK_M)
@@ -95,7 +101,12 @@ def _fork_attention_kernel(
         inside = (p[:, None] >= path_lo[None, :]) & (p[:, None] < path_hi[None, :])
         key_row = tl.sum(tl.where(inside, path_kv[None, :] + p[:, None] - path_lo[None, :], 0), axis=1).to(tl.int64)
         key_ok = tl.sum(inside.to(tl.int32), axis=1) > 0
-        k = tl.load(K + key_row[:, None] * stride_kt + kv_head * stride_kh + d[None, :],
+        if HAS_INDEX:
+            # key_row is the key-array position; K and V live at its pool row.
+            kv_row = tl.load(KV_INDEX + key_row, mask=key_ok, other=0).to(tl.int64)
+        else:
+            kv_row = key_row
+        k = tl.load(K + kv_row[:, None] * stride_kt + kv_head * stride_kh + d[None, :],
                     mask=key_ok[:, None] & (d[None, :] < D), other=0.0)
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
@@ -111,7 +122,7 @@ def _fork_attention_kernel(
         alpha = tl.exp2(m_i - m_safe)
         prob = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(prob, axis=1)
-        v = tl.load(V + key_row[:, None] * stride_vt + kv_head * stride_vh + dv[None, :],
+        v = tl.load(V + kv_row[:, None] * stride_vt + kv_head * stride_vh + dv[None, :],
                     mask=key_ok[:, None] & (dv[None, :] < DV), other=0.0)
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v, input_precision="ieee")
@@ -169,6 +180,7 @@ def fork_attention_triton(
     scale: float,
     sliding_window: Optional[int] = None,
     tables: Optional[tuple] = None,
+    kv_index: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Triton ForkAttention; arguments, shapes and result as
     :func:`flide_ext.kernels.fork_attention.reference.fork_attention_ref` (head sizes up to 256).
@@ -177,6 +189,12 @@ def fork_attention_triton(
     (:attr:`flide_ext.kernels.tables.KernelTables.attention`, built for this
     model's tile shape); then the launch's grid is the tables' block count and
     nothing is derived from the segment tensors here (CUDA graphs).
+
+    ``kv_index``: ``[Tk']`` int32/int64 pool row of each key-array position; then
+    ``k`` and ``v`` are K/V pools ``[N, Hkv, D]`` / ``[N, Hkv, Dv]`` read in place
+    (rows no path reaches are never loaded). Same tiles and order as without it:
+    the result has the bits of the contiguous key array ``k[kv_index]``. Values are
+    not range-checked (no host sync).
 
     Float32 inputs use IEEE float32 dot products (no TF32); bf16/fp16 inputs use
     the tensor cores with float32 accumulation.
@@ -207,8 +225,11 @@ def fork_attention_triton(
     if total == 0:
         return out
     window = int(sliding_window) if sliding_window is not None else 0
+    positions = positions.contiguous()
+    # Without an index the kernel never reads KV_INDEX: any pointer will do.
+    index = kv_index.contiguous() if kv_index is not None else positions
     _fork_attention_kernel[(total, Hkv if pack else Hq)](
-        q, k, v, out, positions.contiguous(), kv_positions.contiguous(),
+        q, k, v, out, positions, kv_positions.contiguous(), index,
         block_seg, block_row,
         starts, lens, own,
         path_kv, path_offset, path_len,
@@ -218,6 +239,7 @@ def fork_attention_triton(
         BLOCK_D=triton.next_power_of_2(max(D, 16)), BLOCK_DV=triton.next_power_of_2(max(DV, 16)),
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DEPTH=path_kv.shape[1],
         HAS_WINDOW=sliding_window is not None, IEEE=q.dtype == torch.float32, PACK_GQA=pack,
+        HAS_INDEX=kv_index is not None,
         num_warps=warps, num_stages=stages,
     )
     return out

@@ -8,6 +8,13 @@ Optionally a sliding window also requires ``pos[t] - pos[s] < window``.
 Each segment's queries see the whole of every ancestor segment and their own
 segment causally, so this is ordinary causal attention of the question's full
 prompt, computed without materialising any stream x stream mask.
+
+Keys and values are addressed through the *key array*: segment ``s``'s keys are
+key-array positions ``seg_kv_start[s] .. seg_kv_start[s] + seg_kv_len[s]``, and
+``kv_positions`` gives each key-array position's logical position. Without
+``kv_index`` the key array is ``k``/``v`` themselves (position ``j`` is row ``j``);
+with it, position ``j`` is row ``kv_index[j]`` of ``k`` and ``v``, which may then be
+larger K/V pools read in place (rows no path reaches are never read).
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ def fork_attention_ref(
     scale: float,
     sliding_window: Optional[int] = None,
     tables: Optional[tuple] = None,
+    kv_index: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Plain PyTorch ForkAttention, segment by segment, accumulated in float64.
 
@@ -56,20 +64,31 @@ def fork_attention_ref(
 
     Args:
         q: ``[T, Hq, D]`` queries of the flat stream (any float dtype).
-        k: ``[Tk, Hkv, D]`` keys: a prefix of cached checkpoint rows, then one row per
-            stream row; ``Hq`` must be a multiple of ``Hkv`` (GQA).
-        v: ``[Tk, Hkv, Dv]`` values, laid out like ``k``.
+        k: ``[Tk, Hkv, D]`` keys, the key array itself (a prefix of cached
+            checkpoint rows, then one row per stream row); or, with ``kv_index``,
+            a K pool ``[N, Hkv, D]`` of any row count ``N`` whose row
+            ``kv_index[j]`` holds key-array position ``j`` (other rows are never
+            read and may hold anything, NaNs included). ``Hq`` must be a multiple
+            of ``Hkv`` (GQA).
+        v: ``[Tk, Hkv, Dv]`` values, laid out like ``k`` (with ``kv_index``, a V pool
+            ``[N, Hkv, Dv]`` indexed as ``k``).
         seg_parent: ``[S]`` int64 parent segment, -1 for a root.
         seg_start, seg_len: ``[S]`` int64 query rows of each segment (0 rows allowed:
             a checkpoint segment only lends its keys).
-        seg_kv_start, seg_kv_len: ``[S]`` int64 key rows of each segment; a segment
-            with query rows has as many key rows, in the same order.
+        seg_kv_start, seg_kv_len: ``[S]`` int64 key-array positions of each
+            segment's keys; a segment with query rows has as many keys, in the
+            same order.
         positions: ``[T]`` int64 logical position of each query row.
-        kv_positions: ``[Tk]`` int64 logical position of each key row.
+        kv_positions: ``[Tk]`` int64 logical position of each key-array position
+            (indexed by key-array position, not by pool row, also with ``kv_index``).
         scale: softmax scale (usually ``D ** -0.5``).
         sliding_window: if set, key s is visible to query t only when
             ``positions[t] - kv_positions[s] < sliding_window``.
         tables: the Triton kernel's precomputed metadata (ignored here).
+        kv_index: ``[Tk']`` int32 or int64 pool row of each key-array position
+            (``Tk'`` at least every key-array position a segment uses, each value a
+            row of ``k`` and ``v``; neither is checked here); None: the identity,
+            ``k`` and ``v`` are the key array.
 
     Returns:
         ``[T, Hq, Dv]`` in ``q.dtype``. Rows not covered by any segment are zero.
@@ -87,8 +106,9 @@ def fork_attention_ref(
         if n == 0:
             continue
         rows = _segment_key_rows(s, parent, kv_start, kv_len).to(q.device)
-        keys = k[rows].double()  # [M, Hkv, D]
-        values = v[rows].double()
+        kv_rows = rows if kv_index is None else kv_index[rows].long()  # pool row of each key
+        keys = k[kv_rows].double()  # [M, Hkv, D]
+        values = v[kv_rows].double()
         key_pos = kv_positions[rows]
         prefix = rows.numel() - n  # keys from ancestor segments
         for b in range(0, n, _QUERY_BLOCK):

@@ -1,0 +1,247 @@
+#!/usr/bin/env bash
+# Flide against SGLang 0.5.17 over HTTP on the lent H200, same checkpoint, same client
+# (benchmark/bench_serving.py), one server after the other (../shared/gpu/README.md).
+#
+# Runs ON the device machine, from the checkout's root, in several calls of at most
+# 10 minutes (files under /tmp stay while the machine is held; $OUT comes back each call):
+#   here, once:  bash scripts/fetch_server_wheels.sh
+#                mkdir -p .gpu && cp -r ../shared/gpu/sgl_kernel_standin ../shared/gpu/sglang-0.5.17/* .gpu/
+#   call 1 (carry .whl-sglang):     bash benchmark/serving/run_h200.sh --install .whl-sglang
+#   call 2 (carry .whl-server .gpu/sgl_kernel_standin):
+#        bash benchmark/serving/run_h200.sh --install .whl-server --standin .gpu/sgl_kernel_standin checkpoint flide
+#   calls 3-5 (carry .gpu/sgl0517.tar.xz.partN, one each):
+#        bash benchmark/serving/run_h200.sh --stage .gpu/sgl0517.tar.xz.partN
+#   call 6 (carry .whl-sgl0517 .gpu/SHA256 .gpu/launch.sh):
+#        bash benchmark/serving/run_h200.sh --stage .whl-sgl0517 --stage .gpu/SHA256 --launch .gpu/launch.sh sglang compare
+# The machine goes back 30 s after a call returns (and after 30 min held), taking /tmp with it: issue the
+# calls back to back. Tried on 2026-12-01: calls 1-2 (Flide, five workloads) took 2 + 203 s after a start of
+# several minutes, calls 3-5 under a second each; the machine was gone before call 6 (SGLang not run yet).
+#
+# Steps, run in the order given after the --install and --stage copies:
+#   checkpoint  flide make-checkpoint --shape $SHAPE --head-scale $HEAD_SCALE into --model (kept if there)
+#   flide       start `python -m sglang.launch_server --decision-mode` on --model, wait for /health,
+#               run the workloads into /tmp/bench/flide (packed into $OUT/flide.tar.gz), stop it
+#   sglang      start SGLang 0.5.17 with --launch (launch.sh PARTS MODEL PORT), the same, into .../sglang
+#   compare     benchmark/serving/compare.py for every workload both engines ran
+# Back in $OUT: flide.tar.gz / sglang.tar.gz / compare.tar.gz (each run's NAME.json, .md, .png, .log),
+# flide_server.log, sglang_server.log ($OUT brings back at most 8 files).
+# Options:
+#   --install DIR     pip-install DIR/*.whl into /tmp/site (no index, no deps); repeatable
+#   --stage PATH      copy a file, or a folder's files, into --parts; repeatable
+#   --standin DIR     the folder holding sgl_kernel/ (sgl_kernel_standin); kept in /tmp/flide_standin for later calls
+#   --launch FILE     SGLang 0.5.17's launch.sh (default: --parts/launch.sh once staged)
+#   --parts DIR       SGLang 0.5.17's parts folder on the machine (default /tmp/sglparts)
+#   --model DIR       the checkpoint (default /tmp/qwen3.5-4b)
+#   --workloads "W.." presets (default: "agent1500 agent1500solo agent8000 race_single multirc quality"):
+#                     agent1500 (8 agents, 1,500 + 200 a step, 12 steps, 10 criteria x 30), agent1500solo (the same,
+#                     1 agent), agent8000 (8 agents, 8,000 + 400, 8 steps), agent8000solo (the same, 1 agent), agentevict (1,000 distinct agents over
+#                     16 clients, 3 steps each), race, race_single, multirc (1/8/64 clients), quality (1/8 clients)
+#   --bench-args "A"  extra bench_serving.py arguments for every workload (e.g. "--requests 32")
+#   --flide-tree DIR  the checkout whose flide_ext the Flide server runs (default: this one)
+#   --sglang-flags "F" extra SGLang 0.5.17 flags (default "--enable-metrics --enable-cache-report")
+#   --port P          (default 30000)
+#   --keep-server     leave the engine's server running after its workloads (it was started with setsid, so it
+#                     outlives the call); the next call's flide/sglang step reuses it if healthy: a slow start
+#                     (SGLang's 115-200 s) is paid once when the workloads are split over several calls
+# Environment: SHAPE (qwen3.5-4b), HEAD_SCALE (40), FLIDE_FLAGS (extra flags for Flide's server).
+set -uo pipefail
+REPO=$(pwd)
+OUT=${OUT:-/tmp/bench_out}
+SITE=/tmp/site
+EP=/tmp/flide_ep                  # the entry point SGLang's plugin loader finds Flide by
+STANDIN_KEEP=/tmp/flide_standin
+RESULTS=/tmp/bench
+PARTS=/tmp/sglparts
+MODEL=/tmp/qwen3.5-4b
+PORT=30000
+LAUNCH=
+KEEP=0
+FLIDE_TREE=$REPO
+WORKLOADS="agent1500 agent1500solo agent8000 race_single multirc quality"
+BENCH_ARGS=""
+SGLANG_FLAGS="--enable-metrics --enable-cache-report"
+SHAPE=${SHAPE:-qwen3.5-4b}
+HEAD_SCALE=${HEAD_SCALE:-40}
+INSTALL=() STAGE=() STEPS=()
+while [ $# -gt 0 ]; do
+    case $1 in
+        --install) INSTALL+=("$2"); shift 2 ;;
+        --stage) STAGE+=("$2"); shift 2 ;;
+        --standin) mkdir -p "$STANDIN_KEEP" && cp -r "$2"/. "$STANDIN_KEEP"/ || exit 1; shift 2 ;;
+        --launch) LAUNCH=$2; shift 2 ;;
+        --parts) PARTS=$2; shift 2 ;;
+        --model) MODEL=$2; shift 2 ;;
+        --workloads) WORKLOADS=$2; shift 2 ;;
+        --bench-args) BENCH_ARGS=$2; shift 2 ;;
+        --flide-tree) FLIDE_TREE=$(cd "$2" && pwd); shift 2 ;;
+        --sglang-flags) SGLANG_FLAGS=$2; shift 2 ;;
+        --port) PORT=$2; shift 2 ;;
+        --keep-server) KEEP=1; shift ;;
+        checkpoint|flide|sglang|compare) STEPS+=("$1"); shift ;;
+        *) echo "run_h200.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+mkdir -p "$OUT" "$RESULTS"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+log() { echo "[run_h200 $(date +%T)] $*"; }
+
+for dir in "${INSTALL[@]}"; do
+    log "install $dir ($(ls "$dir"/*.whl | wc -l) wheels) into $SITE"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+        "$dir"/*.whl 2>&1 | grep -v "^WARNING: Target directory" || true
+done
+for path in "${STAGE[@]}"; do
+    mkdir -p "$PARTS"
+    if [ -d "$path" ]; then cp "$path"/* "$PARTS"/; else cp "$path" "$PARTS"/; fi || exit 1
+    log "staged $path into $PARTS"
+done
+[ -n "$LAUNCH" ] || LAUNCH=$PARTS/launch.sh
+if [ -n "$LAUNCH" ] && [ -f "$LAUNCH" ] && [ "$LAUNCH" != "$PARTS/launch.sh" ]; then
+    mkdir -p "$PARTS" && cp "$LAUNCH" "$PARTS/launch.sh" && LAUNCH=$PARTS/launch.sh
+fi
+
+flide_env() {
+    # SGLang 0.5.23's Python layer and the server's packages first, the checkout, then the
+    # sgl_kernel import stand-in after the real packages (../shared/gpu/README.md).
+    mkdir -p "$EP/flide-0.0.0.dist-info"
+    printf 'Metadata-Version: 2.1\nName: flide\nVersion: 0.0.0\n' > "$EP/flide-0.0.0.dist-info/METADATA"
+    printf '[sglang.srt.plugins]\nflide = flide_ext.entrypoints.sglang_plugin:register\n' \
+        > "$EP/flide-0.0.0.dist-info/entry_points.txt"
+    export PYTHONPATH=$SITE:$EP:$FLIDE_TREE:$STANDIN_KEEP
+}
+
+wait_health() {  # wait_health PID LOG SECONDS
+    local pid=$1 logf=$2 limit=$3 t0=$SECONDS
+    while [ $((SECONDS - t0)) -lt "$limit" ]; do
+        if curl -sf -o /dev/null "http://127.0.0.1:$PORT/health"; then
+            log "healthy after $((SECONDS - t0)) s"
+            return 0
+        fi
+        if ! kill -0 "$pid" 2>/dev/null; then
+            log "server exited; its log ends:"; tail -n 40 "$logf"; return 1
+        fi
+        sleep 2
+    done
+    log "not healthy after $limit s; its log ends:"; tail -n 40 "$logf"; return 1
+}
+
+stop_server() {  # the process group a setsid start made (its PID is the group's id)
+    local pid=$1
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
+    for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || return 0; sleep 1; done
+    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null
+}
+
+preset() {  # the bench_serving.py arguments of a workload preset
+    local cold="--check-cold --cold-limit 200"
+    case $1 in
+        agent1500) echo "--workload agent --agents 8 --start 1500 --growth 200 --steps 12 --criteria 10 --criteria-tokens 30 $cold" ;;
+        agent1500solo) echo "--workload agent --agents 1 --start 1500 --growth 200 --steps 12 --criteria 10 --criteria-tokens 30 $cold" ;;
+        agent8000solo) echo "--workload agent --agents 1 --start 8000 --growth 400 --steps 8 --criteria 10 --criteria-tokens 30 $cold" ;;
+        agent8000) echo "--workload agent --agents 8 --start 8000 --growth 400 --steps 8 --criteria 10 --criteria-tokens 30 $cold" ;;
+        agentevict) echo "--workload agent --agents 16 --distinct-agents 1000 --start 1500 --growth 200 --steps 3 --criteria 10 --criteria-tokens 30 --gpu-memory $cold" ;;
+        race|race_single|multirc) echo "--workload $1 --concurrency 1 8 64 --requests 128 $cold" ;;
+        quality) echo "--workload quality --concurrency 1 8 --requests 32 $cold" ;;
+        *) return 1 ;;
+    esac
+}
+
+run_workloads() {  # run_workloads LABEL: results in /tmp/bench/LABEL, packed into $OUT/LABEL.tar.gz as they come
+    local label=$1 name args rc=0
+    mkdir -p "$RESULTS/$label"
+    for name in $WORKLOADS; do
+        args=$(preset "$name") || { log "unknown workload preset $name"; rc=2; continue; }
+        log "$label $name: bench_serving.py $args $BENCH_ARGS"
+        # shellcheck disable=SC2086
+        timeout 420 python3 "$REPO/benchmark/bench_serving.py" --url "http://127.0.0.1:$PORT" --label "$label" \
+            --name "$name" --out "$RESULTS/$label" --wait-health 30 $args $BENCH_ARGS \
+            > "$RESULTS/$label/$name.log" 2>&1 || { rc=1; log "$label $name failed:"; tail -n 5 "$RESULTS/$label/$name.log"; }
+        grep -A5 "^| first\|^| clients" "$RESULTS/$label/$name.md" 2>/dev/null | grep "^| [0-9]"
+        grep "^Cold check" "$RESULTS/$label/$name.md" 2>/dev/null
+        # $OUT brings back 8 files at most: one archive per engine, rewritten after each workload.
+        tar -czf "$OUT/$label.tar.gz" -C "$RESULTS" "$label"
+    done
+    return $rc
+}
+
+step_checkpoint() {
+    flide_env
+    if [ -f "$MODEL/config.json" ]; then log "checkpoint $MODEL already there"; return 0; fi
+    log "make-checkpoint $SHAPE into $MODEL"
+    (cd /tmp && python3 -m flide_ext.entrypoints.cli make-checkpoint --shape "$SHAPE" --head-scale "$HEAD_SCALE" \
+        --output "$MODEL") 2>&1 | tail -n 2
+}
+
+running() {  # running LABEL: the PID of that engine's server left running by --keep-server, if healthy
+    local pid
+    pid=$(cat "$RESULTS/$1.pid" 2>/dev/null) || return 1
+    kill -0 "$pid" 2>/dev/null && curl -sf -o /dev/null "http://127.0.0.1:$PORT/health" && echo "$pid"
+}
+
+finish() {  # finish LABEL PID: stop the server unless --keep-server
+    if [ "$KEEP" = 1 ]; then
+        echo "$2" > "$RESULTS/$1.pid"; log "$1 server $2 left running (--keep-server)"
+    else
+        stop_server "$2"; rm -f "$RESULTS/$1.pid"
+    fi
+}
+
+step_flide() {
+    flide_env
+    local pid rc
+    if pid=$(running flide); then
+        log "Flide already running (PID $pid)"
+    else
+        log "start Flide on $MODEL (port $PORT)"
+        # From /tmp, so that the flide_ext on PYTHONPATH (--flide-tree) is the one imported.
+        # shellcheck disable=SC2086
+        (cd /tmp && exec setsid python3 -m sglang.launch_server --decision-mode --model-path "$MODEL" \
+            --dtype bfloat16 --device cuda --host 127.0.0.1 --port "$PORT" ${FLIDE_FLAGS:-} \
+            > "$OUT/flide_server.log" 2>&1) &
+        pid=$!
+        wait_health "$pid" "$OUT/flide_server.log" 300 || { stop_server "$pid"; return 1; }
+    fi
+    nvidia-smi --query-gpu=name,memory.used --format=csv,noheader > "$OUT/flide_gpu.txt" 2>&1
+    run_workloads flide; rc=$?
+    finish flide "$pid"
+    return $rc
+}
+
+step_sglang() {
+    local pid rc
+    if pid=$(running sglang); then
+        log "SGLang already running (PID $pid)"
+    else
+        [ -f "$LAUNCH" ] || { log "no launch.sh at $LAUNCH (--launch)"; return 1; }
+        log "start SGLang 0.5.17 on $MODEL (port $PORT; $SGLANG_FLAGS)"
+        # shellcheck disable=SC2086
+        pid=$(OUT=$OUT bash "$LAUNCH" "$PARTS" "$MODEL" "$PORT" $SGLANG_FLAGS | tail -n 1)
+        [ -n "$pid" ] && [ "$pid" -eq "$pid" ] 2>/dev/null || { log "launch.sh failed: $pid"; return 1; }
+        wait_health "$pid" "$OUT/sglang_server.log" 420 || { stop_server "$pid"; return 1; }
+    fi
+    nvidia-smi --query-gpu=name,memory.used --format=csv,noheader > "$OUT/sglang_gpu.txt" 2>&1
+    flide_env  # the client's environment (bench_decision's generators import flide_ext)
+    run_workloads sglang; rc=$?
+    finish sglang "$pid"
+    return $rc
+}
+
+step_compare() {
+    local a rc=0
+    mkdir -p "$RESULTS/compare"
+    for a in "$RESULTS"/flide/*.json; do
+        local name; name=$(basename "$a" .json)
+        [ -f "$RESULTS/sglang/$name.json" ] || continue
+        python3 "$REPO/benchmark/serving/compare.py" "$a" "$RESULTS/sglang/$name.json" \
+            --out "$RESULTS/compare/$name" > /dev/null || rc=1
+        echo "== $name"; grep "^| [a-z0-9]" "$RESULTS/compare/$name.md" | grep -v "^| metric"
+    done
+    tar -czf "$OUT/compare.tar.gz" -C "$RESULTS" compare
+    return $rc
+}
+
+status=0
+for step in "${STEPS[@]}"; do
+    "step_$step" || { status=1; log "step $step failed"; }
+done
+exit $status
