@@ -95,8 +95,8 @@ def check_token_request(request: TokenRequest, vocab_size: int, context_length: 
             raise RequestError(
                 field, f"has {len(prompt)} tokens, which does not fit the context length of {context_length} tokens"
             )
-        bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
-        if bad is not None:
+        if min(prompt) < 0 or max(prompt) >= vocab_size:  # C loops; the first bad id only when there is one
+            bad = next(t for t in prompt if not 0 <= t < vocab_size)
             raise RequestError(field, f"token id {bad} is outside the vocabulary [0, {vocab_size})")
     depth = nesting_depth(request.prompts)
     if depth > MAX_TREE_DEPTH:

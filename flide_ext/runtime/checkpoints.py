@@ -104,13 +104,13 @@ def cut_prompts(cached: CacheRound, groups) -> tuple[list, list, list]:
     """
     requests, prompts, own = [], [], []
     for r, (group_prompts, _) in enumerate(groups):
-        for p in group_prompts:
+        for p in group_prompts:  # lists or int64 arrays, not copied
             requests.append(r)
-            prompts.append(list(p))
+            prompts.append(p)
             own.append(True)
         for c in cached.cuts.get(r, ()):
             requests.append(r)
-            prompts.append(cached.states[r][:c].tolist())
+            prompts.append(cached.states[r][:c])
             own.append(False)
     return requests, prompts, own
 

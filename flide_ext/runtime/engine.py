@@ -183,7 +183,7 @@ class Engine:
         requests, prompts, labels = [], [], []
         for r, (group_prompts, group_labels) in enumerate(groups):
             requests += [r] * len(group_prompts)
-            prompts += [list(p) for p in group_prompts]
+            prompts += list(group_prompts)
             labels += [list(l) for l in group_labels]
         n = len(groups)
         if not prompts:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from ..runtime.capacity import RequestSize
+
 
 @dataclass
 class ScoreWork:
@@ -14,13 +16,18 @@ class ScoreWork:
 
     Attributes:
         rid: request id, unique in the server's lifetime.
-        prompts: full prompt token ids, one list per question.
+        prompts: full prompt token ids, one ``[n]`` int64 array per question
+            (arrays pickle as one copy; a long history repeated in every
+            question's prompt would otherwise be pickled id by id).
         labels: label token ids per prompt.
+        size: the request's prefix-tree size, measured by the tokenizer manager
+            (None: the scheduler measures it).
     """
 
     rid: int
-    prompts: List[List[int]]
+    prompts: List
     labels: List[List[int]]
+    size: Optional[RequestSize] = None
 
 
 @dataclass

@@ -78,7 +78,7 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
                 done.send_pyobj(_flush(engine, w))
                 continue
             try:
-                waiting.put(w, request_size(w.prompts))
+                waiting.put(w, w.size or request_size(w.prompts))
             except RequestError as e:
                 done.send_pyobj(ScoreDone(w.rid, error=str(e)))
         batch = waiting.next_round()

@@ -8,6 +8,7 @@ import itertools
 import math
 from typing import List, Optional
 
+import numpy as np
 import zmq
 import zmq.asyncio
 
@@ -88,8 +89,10 @@ class TokenizerManager:
             RequestError: on ``field``, when no round can hold the request.
             SchedulerError: the round failed.
         """
-        self.capacity.check(request_size(prompts), field)
-        done: ScoreDone = await self._ask(lambda rid: ScoreWork(rid, prompts, labels))
+        prompts = [np.asarray(p, dtype=np.int64) for p in prompts]
+        size = request_size(prompts)
+        self.capacity.check(size, field)
+        done: ScoreDone = await self._ask(lambda rid: ScoreWork(rid, prompts, labels, size))
         if done.error:
             raise SchedulerError(done.error)
         self.metrics.tokens(sum(len(p) for p in prompts), done.stream_tokens, done.cached_tokens)
