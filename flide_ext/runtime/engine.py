@@ -191,21 +191,20 @@ class Engine:
 
         cache = self.cache
         cached = plan_cache(cache, groups) if cache is not None else CacheRound()
-        planned, planned_prompts, own = cut_prompts(cached, groups)
-        plan = plan_round(planned, planned_prompts, self.runner.plan_device, cached.resume)
-        deep = too_deep(plan, cached) if cached.cuts else []
-        if deep:  # no room for cuts in these trees: they keep no new checkpoint
-            for r in deep:
-                del cached.cuts[r]
-            planned, planned_prompts, own = cut_prompts(cached, groups)
-            plan = plan_round(planned, planned_prompts, self.runner.plan_device, cached.resume)
-        readout = [row for row, mine in zip(plan.prompt_readout.tolist(), own) if mine]
-        slots, stream_rows, kept_rows, kept_segments, kept_tokens = [], None, np.zeros(0, np.int64), set(), {}
+        plan, own = self._plan(groups, cached)
         if cache is not None:
             cache.lock(cached.nodes)
+            cache.evict(rows_needed=plan.num_tokens)
+            if self.runner.kv_pool.num_free < plan.num_tokens:
+                # Larger than the pool's working rows (a round beyond the round
+                # capacity, run directly): it runs as with the cache off.
+                cache.unlock(cached.nodes)
+                cache, cached = None, CacheRound()
+                plan, own = self._plan(groups, cached)
+        readout = [row for row, mine in zip(plan.prompt_readout.tolist(), own) if mine]
+        slots, stream_rows, kept_rows, kept_segments, kept_tokens = [], None, np.zeros(0, np.int64), set(), {}
         try:
             if cache is not None:
-                cache.evict(rows_needed=plan.num_tokens)
                 stream_rows = self.runner.kv_pool.allocate(plan.num_tokens)
                 plan.assign_kv_rows(cached.prefix_rows, stream_rows, self.runner.kv_pool.scratch_row)
             slots = self.runner.assign_slots(plan)
@@ -238,6 +237,19 @@ class Engine:
         )
         return RoundResult(answers, stream, [cached.resume[r].length if r in cached.resume else 0 for r in range(n)],
                            [kept_tokens.get(r, 0) for r in range(n)], stats, [graph])
+
+    def _plan(self, groups, cached: CacheRound):
+        # The round's plan with its requests' cuts; requests whose cuts would
+        # make their tree too deep keep no new checkpoint.
+        planned, prompts, own = cut_prompts(cached, groups)
+        plan = plan_round(planned, prompts, self.runner.plan_device, cached.resume)
+        deep = too_deep(plan, cached) if cached.cuts else []
+        if deep:
+            for r in deep:
+                del cached.cuts[r]
+            planned, prompts, own = cut_prompts(cached, groups)
+            plan = plan_round(planned, prompts, self.runner.plan_device, cached.resume)
+        return plan, own
 
     @_serialised
     def flush_cache(self) -> None:

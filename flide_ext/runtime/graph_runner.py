@@ -375,7 +375,10 @@ class GraphRunner:
                 logger.warning("GDN state pool grew; recapturing CUDA graphs")
                 self.capture()
         # The references read tables on the host: never inside a graph.
-        capacity = None if self.mode == "off" or self.model.kernel_backend == "reference" else self._pick(plan)
+        # A round without K/V rows (the cache bypassed) cannot use graphs captured over the pool.
+        unpooled = self._keys is not None and plan.kv_index is None
+        capacity = None if self.mode == "off" or self.model.kernel_backend == "reference" or unpooled \
+            else self._pick(plan)
         if capacity is None:
             self.eager_rounds += 1
             return self.model(device_round(plan, self.spec, self.device), self.state_pool, self.kv_pool), None

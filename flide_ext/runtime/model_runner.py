@@ -117,7 +117,8 @@ class ModelRunner:
     the given model's own otherwise (:mod:`flide_ext.kernels.dispatch`).
 
     Raises:
-        ModelLoadError: the model cannot be found or loaded, or the device does not exist.
+        ModelLoadError: the model cannot be found or loaded, the device does not
+            exist, or the state cache's budget cannot be allocated there.
         ValueError: an unknown graph mode, graphs on a CPU device, or graph
             capacities that are empty, larger than a round, or given without flat graphs.
     """
@@ -170,8 +171,13 @@ class ModelRunner:
         if state_cache_bytes:
             # The cache's rows, plus a whole round's (a round's stream K/V are
             # written to the pool before the cache keeps some of them).
-            self.kv_pool = KVPool(self.model.attention_shapes(), dtype, self.device,
-                                  self.cache_rows + round_capacity.tokens)
+            try:
+                self.kv_pool = KVPool(self.model.attention_shapes(), dtype, self.device,
+                                      self.cache_rows + round_capacity.tokens)
+            except RuntimeError as e:  # out of memory, on the CPU or the GPU
+                raise ModelLoadError(f"the state cache's budget of {state_cache_bytes} bytes cannot be allocated "
+                                     f"on {self.device} ({str(e).splitlines()[0]}); give a smaller budget "
+                                     "(--state-cache-gb) or --disable-radix-cache") from None
         if self.model.num_gdn_layers:
             recurrent_shape, conv_shape = self.model.gdn_state_shapes()
             # The CPU float32 reference keeps recurrent states in float64, so a state

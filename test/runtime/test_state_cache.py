@@ -227,3 +227,22 @@ def test_radix_tree_unit():
     cache.lock([cache.root.children[0]])
     cache.evict(rows_needed=10)
     assert cache.nodes == 1  # a locked node stays
+
+
+def test_a_round_larger_than_the_pool_runs_as_with_the_cache_off(tiny_dirs):
+    """run_round called directly with a round beyond the round capacity (whose
+    rows the pool does not have) answers as the engine without a cache."""
+    from flide_ext.protocol.errors import ModelLoadError
+    from flide_ext.runtime.capacity import RoundCapacity
+
+    cap = RoundCapacity(tokens=128, segments=64, requests=8)
+    rng = random.Random(8)
+    history = [rng.randrange(500) for _ in range(300)]
+    groups = [(_questions(rng, history, n=2), [LABELS] * 2)]
+    small = Engine(str(tiny_dirs["llama"]), round_capacity=cap, state_cache_bytes=5120)
+    off = Engine(str(tiny_dirs["llama"]), round_capacity=cap, radix_cache=False)
+    assert small.runner.kv_pool.rows < 300
+    assert small.run_round(groups).answers == off.run_round(groups).answers
+    assert small.runner.kv_pool.num_free == small.runner.kv_pool.rows
+    with pytest.raises(ModelLoadError, match="cannot be allocated"):
+        Engine(str(tiny_dirs["llama"]), state_cache_bytes=10**16)
