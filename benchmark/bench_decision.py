@@ -393,7 +393,7 @@ def plot(rows: list[dict], path: str, concurrency) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--models", nargs="+", default=["qwen3.5-4b"])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)

@@ -174,7 +174,7 @@ async def cold_check(args, headers, records: list, rebuild) -> dict:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--url", default="http://127.0.0.1:30000")
     p.add_argument("--label", default="server", help="the engine's name in the outputs (flide, sglang)")
     p.add_argument("--workload", required=True, choices=["agent", *workload_names()])

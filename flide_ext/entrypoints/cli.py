@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--disable-radix-cache", action="store_true",
                        help="keep no state cache: every request computes its whole state (SGLang's flag)")
     serve.add_argument("--state-cache-gb", metavar="GB",
-                       help="the state cache's memory in GB (2**30 bytes; default: 40%% of the GPU memory free after "
+                       help="the state cache's memory in GiB (2**30 bytes; default: 40%% of the GPU memory free after "
                        "the weights, 256 MiB on the CPU)")
     serve.add_argument("--mem-fraction-static", metavar="F",
                        help="size the state cache as F of the GPU's memory, less the weights and an 8 GiB reserve "

@@ -41,7 +41,7 @@ def _add_flag(result, parser: argparse.ArgumentParser):
     parser.add_argument(
         "--state-cache-gb",
         metavar="GB",
-        help="Under --decision-mode: the state cache's memory in GB (2**30 bytes); wins over "
+        help="Under --decision-mode: the state cache's memory in GiB (2**30 bytes); wins over "
         "--mem-fraction-static (default: 40%% of the GPU memory free after the weights).",
     )
     return result

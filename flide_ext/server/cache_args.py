@@ -67,7 +67,7 @@ def cache_settings(disable_radix_cache: bool, state_cache_gb: Number, mem_fracti
         return {"radix_cache": False}, None
     if gb is not None:
         if gb <= 0 or int(gb * GIB) < 1:
-            raise FlideError(f"--state-cache-gb {state_cache_gb} must be a positive number of GB (2**30 bytes)")
+            raise FlideError(f"--state-cache-gb {state_cache_gb} must be a positive number of GiB (2**30 bytes)")
         return {"state_cache_bytes": int(gb * GIB)}, None
     if fraction is not None:
         if not 0 < fraction <= 1:
