@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..plan.flat import Resume
+from ..plan.flat import Resume, plan_round
 from ..plan.tree import MAX_TREE_DEPTH
 from .state_cache import ALIGN, Match, StateCache
 
@@ -121,6 +121,26 @@ def too_deep(plan, cached: CacheRound) -> list:
     for seg in plan.tree.segments:
         deepest[seg.request] = max(deepest.get(seg.request, 0), seg.depth + 1)
     return [r for r in cached.cuts if deepest.get(r, 0) > MAX_TREE_DEPTH]
+
+
+def plan_with_cuts(groups, cached: CacheRound, device):
+    """The round's :class:`~flide_ext.plan.flat.FlatPlan` with its requests' cuts,
+    on ``device``; requests whose cuts would make their tree deeper than the
+    planner allows keep no new checkpoint (their cuts are dropped from ``cached``).
+
+    Returns:
+        ``(plan, own)``: the plan, and per planned prompt whether it is a
+        request's own (see :func:`cut_prompts`).
+    """
+    planned, prompts, own = cut_prompts(cached, groups)
+    plan = plan_round(planned, prompts, device, cached.resume)
+    deep = too_deep(plan, cached) if cached.cuts else []
+    if deep:
+        for r in deep:
+            del cached.cuts[r]
+        planned, prompts, own = cut_prompts(cached, groups)
+        plan = plan_round(planned, prompts, device, cached.resume)
+    return plan, own
 
 
 def _chain(plan, r: int) -> list:

@@ -19,11 +19,10 @@ from typing import Any, List, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from ..plan.flat import plan_round
 from ..protocol.errors import ModelLoadError, RequestError
 from ..protocol.token_requests import TokenAnswer, TokenRequest, check_token_request, parse_token_request
 from .capacity import RoundCapacity
-from .checkpoints import CacheRound, cut_prompts, keep_checkpoints, plan_cache, too_deep
+from .checkpoints import CacheRound, keep_checkpoints, plan_cache, plan_with_cuts
 from .state_cache import StateCache
 from .graph_runner import GraphCapacity
 from .model_runner import ModelRunner, parse_dtype
@@ -191,7 +190,7 @@ class Engine:
 
         cache = self.cache
         cached = plan_cache(cache, groups) if cache is not None else CacheRound()
-        plan, own = self._plan(groups, cached)
+        plan, own = plan_with_cuts(groups, cached, self.runner.plan_device)
         if cache is not None:
             cache.lock(cached.nodes)
             cache.evict(rows_needed=plan.num_tokens)
@@ -200,7 +199,7 @@ class Engine:
                 # capacity, run directly): it runs as with the cache off.
                 cache.unlock(cached.nodes)
                 cache, cached = None, CacheRound()
-                plan, own = self._plan(groups, cached)
+                plan, own = plan_with_cuts(groups, cached, self.runner.plan_device)
         readout = [row for row, mine in zip(plan.prompt_readout.tolist(), own) if mine]
         slots, stream_rows, kept_rows, kept_segments, kept_tokens = [], None, np.zeros(0, np.int64), set(), {}
         try:
@@ -237,19 +236,6 @@ class Engine:
         )
         return RoundResult(answers, stream, [cached.resume[r].length if r in cached.resume else 0 for r in range(n)],
                            [kept_tokens.get(r, 0) for r in range(n)], stats, [graph])
-
-    def _plan(self, groups, cached: CacheRound):
-        # The round's plan with its requests' cuts; requests whose cuts would
-        # make their tree too deep keep no new checkpoint.
-        planned, prompts, own = cut_prompts(cached, groups)
-        plan = plan_round(planned, prompts, self.runner.plan_device, cached.resume)
-        deep = too_deep(plan, cached) if cached.cuts else []
-        if deep:
-            for r in deep:
-                del cached.cuts[r]
-            planned, prompts, own = cut_prompts(cached, groups)
-            plan = plan_round(planned, prompts, self.runner.plan_device, cached.resume)
-        return plan, own
 
     @_serialised
     def flush_cache(self) -> None:
