@@ -88,8 +88,6 @@ def plan_cache(cache: StateCache, groups) -> CacheRound:
             out.cuts[r] = cuts
     if parts:
         out.prefix_rows = np.concatenate(parts)
-    cache.hits += len(out.matches)
-    cache.cached_tokens_total += offset
     return out
 
 

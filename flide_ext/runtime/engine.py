@@ -200,6 +200,9 @@ class Engine:
                 cache.unlock(cached.nodes)
                 cache, cached = None, CacheRound()
                 plan, own = plan_with_cuts(groups, cached, self.runner.plan_device)
+            else:
+                cache.hits += len(cached.matches)
+                cache.cached_tokens_total += int(cached.prefix_rows.size)
         readout = [row for row, mine in zip(plan.prompt_readout.tolist(), own) if mine]
         slots, stream_rows, kept_rows, kept_segments, kept_tokens = [], None, np.zeros(0, np.int64), set(), {}
         try:
