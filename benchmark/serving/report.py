@@ -72,6 +72,23 @@ def _num(x, digits=1) -> str:
     return "-" if x is None else f"{x:,.{digits}f}"
 
 
+def stage_means(delta: Optional[dict]) -> dict:
+    """Mean milliseconds per request of each server stage over the run, from the
+    ``/metrics`` deltas of a ``*per_stage_req_latency_seconds`` histogram
+    (Flide's ``flide_``, SGLang's ``sglang:``); empty when the server has none."""
+    out = {}
+    for key, total in (delta or {}).items():
+        name, _, labels = key.partition("{")
+        if "per_stage_req_latency_seconds_sum" not in name:
+            continue
+        count = delta.get(key.replace("_seconds_sum", "_seconds_count"), 0)
+        stage = next((v.strip('"') for k, v in (p.split("=", 1) for p in labels.rstrip("}").split(",") if "=" in p)
+                      if k == "stage"), None)
+        if stage is not None and count:
+            out[stage] = 1e3 * total / count
+    return out
+
+
 def markdown(result: dict) -> str:
     s = result["settings"]
     lines = [f"# bench_serving: {result['label']} {s['workload']}", "", f"Server: `{result['url']}`", "",
@@ -94,6 +111,10 @@ def markdown(result: dict) -> str:
             lat = row["latency"]
             lines.append(f"| {row['concurrency']} | {_ms(lat['p50_ms'])} | {_ms(lat['p90_ms'])} | {_ms(lat['p99_ms'])} "
                          f"| {_num(row['questions_per_s'])} | {row['requests']} ({row['failed']}) |")
+    stages = stage_means((result.get("metrics") or {}).get("delta"))
+    if stages:
+        lines += ["", "Server stages, mean ms per request (`/metrics` `per_stage_req_latency_seconds`): "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()) + "."]
     cold = result.get("cold_check")
     if cold:
         state = "each resent after a cache flush" if cold["flushed"] else \

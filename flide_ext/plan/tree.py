@@ -121,7 +121,10 @@ def build_prefix_tree(requests: Sequence[int], prompts: Sequence[Sequence[int]])
             queue.append((group, 0, -1, 0, r))
     while queue:
         items, start, parent, depth, r = queue.popleft()
-        length = _common_prefix([arrays[i] for i in items], start)
+        if len(items) == 1:  # a leaf: the rest of its prompt (most questions)
+            length = len(arrays[items[0]]) - start
+        else:
+            length = _common_prefix([arrays[i] for i in items], start)
         end = start + length
         index = len(built)
         built.append(Segment(r, parent, arrays[items[0]][start:end].tolist(), start, depth))

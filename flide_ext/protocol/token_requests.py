@@ -6,12 +6,13 @@ runs: a request is a group of full prompts that may fork from each other.
 
 from __future__ import annotations
 
-from typing import List, Optional, Union
+from typing import List, Optional, Sequence, Union
+
+import numpy as np
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from .errors import RequestError, validate_model
-from ..plan.tree import MAX_TREE_DEPTH, nesting_depth
 
 
 class TokenRequest(BaseModel):
@@ -71,41 +72,44 @@ def parse_token_request(obj) -> TokenRequest:
     return validate_model(TokenRequest, obj)
 
 
-def check_token_request(request: TokenRequest, vocab_size: int, context_length: int) -> None:
-    """Check a TokenRequest against a model's vocabulary and context.
+def check_prompts(prompts: Sequence, vocab_size: int, context_length: int, field: str = "prompts") -> None:
+    """Check prompts (token-id lists or ``[n]`` integer arrays) against a model's
+    vocabulary and context; their prefix tree's depth is checked where it is
+    built (:func:`flide_ext.runtime.rounds.request_size`).
 
     Raises:
-        RequestError: an empty prompt, an id outside ``[0, vocab_size)``, a prompt of
-            ``context_length`` tokens or more, prompts nesting deeper than
-            ``tree.MAX_TREE_DEPTH`` levels, an empty, repeated or out-of-range
-            label list, or per-prompt labels whose count differs from the prompts'.
+        RequestError: on ``field[i]``: an empty prompt, a prompt of
+            ``context_length`` tokens or more, or an id outside ``[0, vocab_size)``.
     """
-    labels = request.label_token_ids
-    per_prompt = bool(labels) and isinstance(labels[0], list)
-    if per_prompt and len(labels) != len(request.prompts):
-        raise RequestError(
-            "label_token_ids",
-            f"has {len(labels)} lists for {len(request.prompts)} prompts; give one list per prompt or one shared list",
-        )
-    for i, prompt in enumerate(request.prompts):
-        field = f"prompts[{i}]"
-        if not prompt:
-            raise RequestError(field, "is empty; a prompt needs at least one token")
+    for i, prompt in enumerate(prompts):
+        name = f"{field}[{i}]"
+        if len(prompt) == 0:
+            raise RequestError(name, "is empty; a prompt needs at least one token")
         if len(prompt) >= context_length:
             raise RequestError(
-                field, f"has {len(prompt)} tokens, which does not fit the context length of {context_length} tokens"
+                name, f"has {len(prompt)} tokens, which does not fit the context length of {context_length} tokens"
             )
-        if min(prompt) < 0 or max(prompt) >= vocab_size:  # C loops; the first bad id only when there is one
-            bad = next(t for t in prompt if not 0 <= t < vocab_size)
-            raise RequestError(field, f"token id {bad} is outside the vocabulary [0, {vocab_size})")
-    depth = nesting_depth(request.prompts)
-    if depth > MAX_TREE_DEPTH:
+        low, high = (int(prompt.min()), int(prompt.max())) if isinstance(prompt, np.ndarray) else (min(prompt), max(prompt))
+        if low < 0 or high >= vocab_size:  # C loops; the first bad id only when there is one
+            bad = next(int(t) for t in prompt if not 0 <= t < vocab_size)
+            raise RequestError(name, f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+
+
+def check_labels(labels: Sequence, num_prompts: int, vocab_size: int) -> None:
+    """Check ``label_token_ids``: one list shared by all prompts, or one per prompt.
+
+    Raises:
+        RequestError: an empty, repeated or out-of-range label list, or per-prompt
+            labels whose count differs from the prompts'.
+    """
+    per_prompt = bool(labels) and isinstance(labels[0], list)
+    if per_prompt and len(labels) != num_prompts:
         raise RequestError(
-            "prompts", f"nest {depth} levels deep (each extending a fork of another); at most {MAX_TREE_DEPTH} are served"
+            "label_token_ids",
+            f"has {len(labels)} lists for {num_prompts} prompts; give one list per prompt or one shared list",
         )
-    for i in range(len(request.prompts) if per_prompt else 1):
+    for i, ids in enumerate(labels if per_prompt else [labels]):
         field = f"label_token_ids[{i}]" if per_prompt else "label_token_ids"
-        ids = request.labels_for(i)
         if not ids:
             raise RequestError(field, "is empty; give at least one label token id")
         if len(set(ids)) != len(ids):
@@ -113,3 +117,15 @@ def check_token_request(request: TokenRequest, vocab_size: int, context_length: 
         bad = next((t for t in ids if not 0 <= t < vocab_size), None)
         if bad is not None:
             raise RequestError(field, f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+
+
+def check_token_request(request: TokenRequest, vocab_size: int, context_length: int) -> None:
+    """Check a TokenRequest against a model's vocabulary and context
+    (:func:`check_prompts`, then :func:`check_labels`; its tree's depth is
+    checked when the request is sized for a round).
+
+    Raises:
+        RequestError: naming the first offending field.
+    """
+    check_prompts(request.prompts, vocab_size, context_length)
+    check_labels(request.label_token_ids, len(request.prompts), vocab_size)

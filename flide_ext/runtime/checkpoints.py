@@ -50,12 +50,15 @@ class CacheRound:
 
 
 def _state(prompts) -> np.ndarray:
+    # The prompts' common prefix, less at least the shortest one's last token.
     first = np.asarray(prompts[0], dtype=np.int64)
     n = min(len(p) for p in prompts) - 1
-    for p in prompts[1:]:
-        p = np.asarray(p[:n], dtype=np.int64)
-        diff = np.flatnonzero(first[:len(p)] != p)
-        n = min(n, int(diff[0]) if diff.size else len(p))
+    if len(prompts) > 1 and n > 0:
+        # One comparison over all prompts' first n tokens (a few numpy calls per
+        # request however many questions it has).
+        differs = (np.stack([np.asarray(p[:n], dtype=np.int64) for p in prompts[1:]]) != first[:n]).any(axis=0)
+        if differs.any():
+            n = int(differs.argmax())
     return first[:max(n, 0)]
 
 
@@ -141,12 +144,14 @@ def plan_with_cuts(groups, cached: CacheRound, device):
     return plan, own
 
 
-def _chain(plan, r: int) -> list:
-    # The request's segments that lie on its state: (logical start, stream start, length).
-    out = []
+def _chains(plan, requests) -> dict:
+    # Per request, its segments: (logical start, stream start, length, segment index).
+    out = {r: [] for r in requests}
+    logical, stream = plan.seg_logical_start.tolist(), plan.seg_start.tolist()
     for s, seg in enumerate(plan.tree.segments):
-        if seg.request == r:
-            out.append((int(plan.seg_logical_start[s]), int(plan.seg_start[s]), len(seg.tokens), s))
+        chain = out.get(seg.request)
+        if chain is not None:
+            chain.append((logical[s], stream[s], len(seg.tokens), s))
     return out
 
 
@@ -167,8 +172,9 @@ def keep_checkpoints(cache: StateCache, plan, cached: CacheRound, stream_rows: n
         of the longest checkpoint it left.
     """
     kept, kept_segments, kept_tokens = [], set(), {}
+    chains = _chains(plan, cached.cuts)
     for r, cuts in cached.cuts.items():
-        chain = _chain(plan, r)
+        chain = chains[r]
         state = cached.states[r]
 
         def rows_of(a: int, b: int, chain=chain) -> np.ndarray:

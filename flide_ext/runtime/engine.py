@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from typing import Any, List, Optional, Sequence, Union
 
 import numpy as np
@@ -179,6 +180,7 @@ class Engine:
             prompt, the full-vocabulary log-probability of each of its labels;
             stream tokens, resumed and kept checkpoint tokens per request; stats.
         """
+        started = time.perf_counter()
         requests, prompts, labels = [], [], []
         for r, (group_prompts, group_labels) in enumerate(groups):
             requests += [r] * len(group_prompts)
@@ -210,8 +212,10 @@ class Engine:
                 stream_rows = self.runner.kv_pool.allocate(plan.num_tokens)
                 plan.assign_kv_rows(cached.prefix_rows, stream_rows, self.runner.kv_pool.scratch_row)
             slots = self.runner.assign_slots(plan)
+            planned = time.perf_counter()
             logprobs, graph = self.runner.forward(plan)  # [>= R, vocab] on the device
             label_logprobs = self.runner.gather_labels(logprobs, readout, labels)
+            forwarded = time.perf_counter()
             if cache is not None:
                 kept_rows, kept_segments, kept_tokens = keep_checkpoints(cache, plan, cached, stream_rows, slots)
         finally:
@@ -236,6 +240,9 @@ class Engine:
             segments=plan.num_segments,
             levels=plan.num_levels,
             resumed_tokens=int(cached.prefix_rows.size),
+            plan_seconds=planned - started,
+            forward_seconds=forwarded - planned,
+            finish_seconds=time.perf_counter() - forwarded,
         )
         return RoundResult(answers, stream, [cached.resume[r].length if r in cached.resume else 0 for r in range(n)],
                            [kept_tokens.get(r, 0) for r in range(n)], stats, [graph])
@@ -266,7 +273,7 @@ class Engine:
         for item in items:
             if not isinstance(item, RequestError):
                 try:
-                    queue.put(kept, request_size(prompts_of(item)), field)
+                    queue.put(kept, request_size(prompts_of(item), field), field)
                     kept += 1
                 except RequestError as e:
                     item = e

@@ -21,6 +21,11 @@ class RoundStats:
         levels: depth of the deepest tree + 1.
         resumed_tokens: state tokens not recomputed because a request resumed
             from a checkpoint (counted once per request).
+        plan_seconds: host time before the forward (cache match, plan, pool rows).
+        forward_seconds: the forward and the label gather, until the answers are
+            on the host.
+        finish_seconds: host time after it (checkpoints kept, rows released,
+            eviction).
     """
 
     requests: int = 0
@@ -30,18 +35,24 @@ class RoundStats:
     segments: int = 0
     levels: int = 0
     resumed_tokens: int = 0
+    plan_seconds: float = 0.0
+    forward_seconds: float = 0.0
+    finish_seconds: float = 0.0
 
     @property
     def tokens_saved(self) -> int:
         return self.prompt_tokens - self.stream_tokens
 
     def plus(self, other: "RoundStats") -> "RoundStats":
-        """Two rounds' stats together (counts add; levels is the deeper one's)."""
+        """Two rounds' stats together (counts and times add; levels is the deeper one's)."""
         return RoundStats(
             requests=self.requests + other.requests, questions=self.questions + other.questions,
             prompt_tokens=self.prompt_tokens + other.prompt_tokens, stream_tokens=self.stream_tokens + other.stream_tokens,
             segments=self.segments + other.segments, levels=max(self.levels, other.levels),
             resumed_tokens=self.resumed_tokens + other.resumed_tokens,
+            plan_seconds=self.plan_seconds + other.plan_seconds,
+            forward_seconds=self.forward_seconds + other.forward_seconds,
+            finish_seconds=self.finish_seconds + other.finish_seconds,
         )
 
 

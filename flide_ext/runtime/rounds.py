@@ -14,14 +14,28 @@ from __future__ import annotations
 from collections import deque
 from typing import Generic, Optional, Sequence, TypeVar
 
-from ..plan.tree import build_prefix_tree
+from ..plan.tree import MAX_TREE_DEPTH, build_prefix_tree
+from ..protocol.errors import RequestError
 from .capacity import RequestSize, RoundCapacity
 
 
-def request_size(prompts: Sequence[Sequence[int]]) -> RequestSize:
+def request_size(prompts: Sequence[Sequence[int]], field: str = "prompts") -> RequestSize:
     """Stream tokens and segments of one request's prefix tree (before any
-    checkpoint resumption, which only makes it smaller)."""
+    checkpoint resumption, which only makes it smaller).
+
+    Args:
+        prompts: the request's prompts, token-id lists or ``[n]`` int64 arrays
+            (arrays are not copied).
+        field: the request field the prompts came from, named in errors.
+
+    Raises:
+        RequestError: on ``field``, when the prompts nest deeper than
+            :data:`~flide_ext.plan.tree.MAX_TREE_DEPTH` levels.
+    """
     tree = build_prefix_tree([0] * len(prompts), prompts)
+    if tree.num_levels > MAX_TREE_DEPTH:
+        raise RequestError(field, f"nest {tree.num_levels} levels deep (each extending a fork of another); "
+                                  f"at most {MAX_TREE_DEPTH} are served")
     return RequestSize(sum(len(seg.tokens) for seg in tree.segments), len(tree.segments))
 
 

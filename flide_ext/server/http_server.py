@@ -22,8 +22,8 @@ from sglang.srt.entrypoints.systemone.protocol import SystemOneResponse
 
 from ..protocol.errors import RequestError
 from ..version import __version__
-from .metrics import Metrics
-from .tokenizer_manager import SchedulerError, TokenizerManager
+from .metrics import Metrics, RequestClock
+from .tokenizer_manager import CLOCK, SchedulerError, TokenizerManager
 
 
 @dataclass
@@ -73,6 +73,8 @@ def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> 
             raise RequestError("body", f"is not valid JSON: {e}") from None
 
     async def answer(request: Request, handler):
+        clock = RequestClock()
+        CLOCK.set(clock)  # this request's task only
         try:
             result = await handler(await body_of(request))
         except RequestError as e:
@@ -80,7 +82,10 @@ def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> 
         except SchedulerError as e:
             return _error(500, str(e), None, "InternalServerError")
         exclude_none = not isinstance(result, SystemOneResponse)  # System One keeps its nulls
-        return JSONResponse(content=result.model_dump(exclude_none=exclude_none))
+        response = JSONResponse(content=result.model_dump(exclude_none=exclude_none))
+        clock.lap("respond")
+        metrics.stages(clock)
+        return response
 
     @app.post("/v1/decisions")
     async def decisions(request: Request):

@@ -22,12 +22,15 @@ class ScoreWork:
         labels: label token ids per prompt.
         size: the request's prefix-tree size, measured by the tokenizer manager
             (None: the scheduler measures it).
+        received: when the scheduler took it in (its ``time.perf_counter()``;
+            set there).
     """
 
     rid: int
     prompts: List
     labels: List[List[int]]
     size: Optional[RequestSize] = None
+    received: float = 0.0
 
 
 @dataclass
@@ -44,6 +47,10 @@ class ScoreDone:
             ``usage.prompt_tokens_details.cached_tokens``).
         error: a message when the round failed (the request gets HTTP 500).
         cache: ``Engine.cache_stats()`` after the round (for ``/metrics``).
+        stages: seconds the request spent in the scheduler, by stage: ``queue``
+            (waiting for its round), then its round's ``plan``, ``forward`` and
+            ``finish`` (:class:`~flide_ext.runtime.round_result.RoundStats`; the
+            last one also holds the scheduler's own work on the answers).
     """
 
     rid: int
@@ -53,6 +60,7 @@ class ScoreDone:
     cached_tokens: int = 0
     error: Optional[str] = None
     cache: Optional[dict] = None
+    stages: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -35,6 +37,28 @@ class _CacheCollector:
             yield CounterMetricFamily(name, doc, value=float(self.stats.get(key, 0)))
 
 
+class RequestClock:
+    """The stages of one HTTP request, in seconds: each :meth:`lap` charges the
+    time since the last one to a stage."""
+
+    def __init__(self):
+        self.last = time.perf_counter()
+        self.stages: dict = {}
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.stages[stage] = self.stages.get(stage, 0.0) + now - self.last
+        self.last = now
+
+
+# A request's stages, in order: tokenize (body parsed, checked, rendered and
+# tokenised, its tree sized: up to sending it to the scheduler), queue (waiting
+# there for a round), plan / forward / finish (its round's, RoundStats), transport
+# (the rest of the round trip: pickling, ZMQ, the event loop), respond (the answer
+# made into the response body).
+STAGES = ("tokenize", "queue", "plan", "forward", "finish", "transport", "respond")
+
+
 class Metrics:
     """Requests by route and status, latency histograms, and token counts: what
     flat streams computed against what one sequence per question would have,
@@ -55,6 +79,11 @@ class Metrics:
                                     registry=self.registry)
         self.cached_tokens = Counter("flide_cached_tokens_total", "Prompt tokens resumed from the state cache",
                                      registry=self.registry)
+        # SGLang's sglang:per_stage_req_latency_seconds, with Flide's stages (STAGES).
+        self.stage_latency = Histogram(
+            "flide_per_stage_req_latency_seconds", "Request latency by stage", ["stage"], registry=self.registry,
+            buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
         self._cache = _CacheCollector()
         self.registry.register(self._cache)
 
@@ -71,6 +100,12 @@ class Metrics:
     def observe(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route, str(status)).inc()
         self.latency.labels(route).observe(seconds)
+
+    def stages(self, clock: RequestClock) -> None:
+        """Observe a finished request's stages (a request refused before the
+        scheduler has only some)."""
+        for stage, seconds in clock.stages.items():
+            self.stage_latency.labels(stage).observe(max(seconds, 0.0))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

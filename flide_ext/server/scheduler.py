@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import traceback
 from typing import Optional
 
@@ -77,6 +78,7 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
             if isinstance(w, FlushCache):  # between two rounds: none is running
                 done.send_pyobj(_flush(engine, w))
                 continue
+            w.received = time.perf_counter()
             try:
                 waiting.put(w, w.size or request_size(w.prompts))
             except RequestError as e:
@@ -85,12 +87,17 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
         if not batch:
             continue
         try:
+            started = time.perf_counter()
             result = engine.run_round([(w.prompts, w.labels) for w in batch])
             stats = engine.cache_stats()
+            rs = result.stats
             for w, logprobs, stream, cached in zip(batch, result.answers, result.stream_tokens, result.resumed_tokens):
                 # As prompt_tokens, summed over the request's prompts: each one's first
                 # ``cached`` tokens came from the cache.
-                done.send_pyobj(ScoreDone(w.rid, logprobs, stream, len(batch), cached * len(w.prompts), cache=stats))
+                stages = {"queue": started - w.received, "plan": rs.plan_seconds, "forward": rs.forward_seconds,
+                          "finish": time.perf_counter() - started - rs.plan_seconds - rs.forward_seconds}
+                done.send_pyobj(ScoreDone(w.rid, logprobs, stream, len(batch), cached * len(w.prompts), cache=stats,
+                                          stages=stages))
         except Exception:
             message = traceback.format_exc(limit=3)
             logger.error("round failed: %s", message)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+from contextvars import ContextVar
 from typing import List, Optional
 
 import numpy as np
@@ -14,11 +15,16 @@ import zmq.asyncio
 
 from ..protocol.decisions import DecisionRenderer, label_probabilities, parse_decision_request
 from ..protocol.errors import RequestError
-from ..protocol.token_requests import TokenRequest, check_token_request
+from ..protocol.token_requests import check_labels, check_prompts
 from ..runtime.capacity import RoundCapacity
 from ..runtime.rounds import request_size
 from .io_struct import FlushCache, FlushCacheDone, ScoreDone, ScoreWork
-from .metrics import Metrics
+from .metrics import Metrics, RequestClock
+
+
+# The stages of the HTTP request being answered (set by the HTTP server per
+# request; the awaited handlers run in its context).
+CLOCK: ContextVar[Optional[RequestClock]] = ContextVar("flide_request_clock", default=None)
 
 
 class SchedulerError(RuntimeError):
@@ -81,18 +87,32 @@ class TokenizerManager:
         finally:
             self.pending.pop(rid, None)
 
-    async def score(self, prompts: List[List[int]], labels: List[List[int]], field: str = "prompts") -> ScoreDone:
+    async def score(self, prompts: List, labels: List[List[int]], field: str = "prompts") -> ScoreDone:
         """Run one request's prompts in the scheduler's next round (resuming from
         the state cache, and leaving its state there).
 
+        Args:
+            prompts: token-id lists or ``[n]`` int64 arrays, checked against the
+                vocabulary and context already.
+            labels: label token ids per prompt.
+            field: the request field the prompts came from, named in errors.
+
         Raises:
-            RequestError: on ``field``, when no round can hold the request.
+            RequestError: on ``field``, when the prompts nest too deep or no round
+                can hold the request.
             SchedulerError: the round failed.
         """
         prompts = [np.asarray(p, dtype=np.int64) for p in prompts]
-        size = request_size(prompts)
+        size = request_size(prompts, field)  # the one prefix tree the HTTP process builds
         self.capacity.check(size, field)
+        clock = CLOCK.get()
+        if clock is not None:
+            clock.lap("tokenize")
         done: ScoreDone = await self._ask(lambda rid: ScoreWork(rid, prompts, labels, size))
+        if clock is not None:
+            clock.stages.update(done.stages)
+            clock.lap("transport")  # the whole round trip, less the scheduler's stages
+            clock.stages["transport"] -= sum(done.stages.values())
         if done.error:
             raise SchedulerError(done.error)
         self.metrics.tokens(sum(len(p) for p in prompts), done.stream_tokens, done.cached_tokens)
@@ -121,14 +141,19 @@ class TokenizerManager:
         done = await self.score([q.prompt_ids for q in encoded], [q.label_ids for q in encoded], field="questions")
         return self.systemone.respond(request, views, encoded, done.label_logprobs)
 
-    def _ids(self, value, field: str, special: bool) -> List[int]:
+    def _ids(self, value, field: str, special: bool) -> np.ndarray:
+        # -> [n] int64: a text tokenised, or token ids checked against the vocabulary.
         if isinstance(value, str):
             if not value:
                 raise RequestError(field, "is empty")
-            return self.tokenizer.encode(value, add_special_tokens=special)
-        if any(type(t) is not int or not 0 <= t < self.vocab_size for t in value):
+            return np.asarray(self.tokenizer.encode(value, add_special_tokens=special), dtype=np.int64)
+        try:  # pydantic has made every id a Python int already
+            ids = np.asarray(value, dtype=np.int64)
+        except OverflowError:
+            ids = None
+        if ids is None or (ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size)):
             raise RequestError(field, f"token ids must be integers in [0, {self.vocab_size})")
-        return list(value)
+        return ids
 
     async def score_request(self, body):
         """A ``/v1/score`` body -> SGLang ScoringResponse. Each item is scored as
@@ -159,14 +184,13 @@ class TokenizerManager:
         items = [request.items] if isinstance(request.items, str) else request.items
         query = self._ids(request.query or [], "query", special=True)
         item_ids = [self._ids(item, f"items[{i}]", special=False) for i, item in enumerate(items)]
-        prompts = [(ids + query) if request.item_first else (query + ids) for ids in item_ids]
+        # One [n] int64 array per prompt: the query is not copied id by id into
+        # Python lists, however long it is.
+        prompts = [np.concatenate((ids, query) if request.item_first else (query, ids)) for ids in item_ids]
         labels = request.label_token_ids
         per_item = bool(labels) and isinstance(labels[0], list)
-        token_request = TokenRequest(prompts=prompts, label_token_ids=labels, temperature=request.temperature)
-        try:
-            check_token_request(token_request, self.vocab_size, self.context_length)
-        except RequestError as e:
-            raise RequestError(e.field.replace("prompts", "items"), e.message) from None
+        check_prompts(prompts, self.vocab_size, self.context_length, field="items")
+        check_labels(labels, len(prompts), self.vocab_size)
         label_lists = [labels[i] if per_item else labels for i in range(len(prompts))]
         done = await self.score(prompts, label_lists, field="items")
         if request.apply_softmax:

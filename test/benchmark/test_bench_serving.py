@@ -78,8 +78,18 @@ def test_agent_workload(server, bench_serving, tmp_path, capsys):
     assert result["metrics"]["delta"]["flide_prompt_tokens_total"] == sum(r["prompt_tokens"] for r in records)
     assert result["protocol_check"] == {"checked": True, "problems": []}  # SGLang's own models accept both sides
     assert_cold_check(result["cold_check"], 6)
+    # Every timed request passed through every server stage once; the stages'
+    # means are in the report.
+    delta = result["metrics"]["delta"]
+    for stage in ("tokenize", "queue", "plan", "forward", "finish", "transport", "respond"):
+        assert delta[f'flide_per_stage_req_latency_seconds_count{{stage="{stage}"}}'] == 6
+    means = bench_serving.report.stage_means(delta)
+    assert list(means) == ["tokenize", "queue", "plan", "forward", "finish", "transport", "respond"]
+    assert all(v >= 0 for v in means.values()) and means["forward"] > 0
+    # Together they are at most the client's latency (which also holds HTTP).
+    assert sum(means.values()) <= sum(r["latency_ms"] for r in records) / len(records)
     text = (out / "agent.md").read_text()
-    assert "--workload agent" in text and "Cold check" in text and (out / "agent.png").stat().st_size > 0
+    assert "--workload agent" in text and "Cold check" in text and "Server stages" in text and (out / "agent.png").stat().st_size > 0
 
     # The same run's JSON twice through compare.py: ratios of 1.
     cmp = subprocess.run([sys.executable, str(COMPARE), str(out / "agent.json"), str(out / "agent.json"), "--out",

@@ -256,6 +256,18 @@ def _metric(text: str, name: str) -> float:
     return float(values[0])
 
 
+def test_score_ids_outside_the_vocabulary_are_400(server):
+    """Token ids are checked as arrays: a negative id, one past the vocabulary and
+    one beyond int64 are each a 400 naming the field; the server goes on."""
+    base = {"query": [5, 6, 7], "items": [[8], [9]], "label_token_ids": [1, 2]}
+    for field, body in (("query", {**base, "query": [5, -1]}), ("items[1]", {**base, "items": [[8], [10**6]]}),
+                        ("query", {**base, "query": [2**70]})):
+        r = requests.post(f"{server}/v1/score", json=body, headers=AUTH)
+        assert r.status_code == 400 and r.json()["param"] == field, r.text
+    ok = requests.post(f"{server}/v1/score", json=base, headers=AUTH)
+    assert ok.status_code == 200 and len(ok.json()["scores"]) == 2
+
+
 def test_flush_cache_and_cached_tokens(server):
     """A growing history resumes from the state cache (checkpoints every 64
     tokens), reported as SGLang's usage.prompt_tokens_details.cached_tokens;
