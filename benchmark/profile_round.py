@@ -10,6 +10,11 @@ Usage::
 
     python benchmark/profile_round.py --model qwen3.5-4b --workload race --out profile_race.json
     python benchmark/profile_round.py --model tiny-qwen3.5 --device cpu --dtype float32 --scale 0.1  # smoke
+    python benchmark/profile_round.py --model qwen3.5-4b --agent 8000:400   # a step resumed from the state cache
+
+``--agent START:GROWTH`` profiles an agent's third step instead (10 criteria of 30
+tokens): its first two steps leave the history in the state cache, so the
+profiled round resumes from it and computes only the new tokens and criteria.
 
 Exit status 2 with one line on bad arguments.
 """
@@ -104,6 +109,8 @@ def main(argv=None) -> int:
     parser.add_argument("--graph-capacities", default=None,
                         help="flat graphs to capture, tokens:segments[:levels],... (default: the engine's set)")
     parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--agent", default=None, metavar="START:GROWTH",
+                        help="profile an agent step resumed from the state cache (history START + GROWTH a step)")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", default=None)
     parser.add_argument("--dump-fla-configs", default=None, metavar="DIR",
@@ -133,7 +140,22 @@ def main(argv=None) -> int:
                     graph_capacities=capacities)
     if engine.graphs is not None:
         print(f"{len(engine.graphs.capacities)} CUDA graphs captured in {engine.graphs.capture_seconds:.1f} s")
-    groups = requests_for(args.workload, 3, config.vocab_size, args.scale)
+    if args.agent:
+        from agent_trajectories import AgentShape, agent_steps, label_ids, step_groups
+
+        try:
+            start, growth = (int(x) for x in args.agent.split(":"))
+            shape = AgentShape(start=start, growth=growth, steps=3)
+            trajectory = [agent_steps(shape, config.vocab_size)]
+        except ValueError as err:
+            print(f"profile_round.py: --agent {args.agent!r}: {err} (want START:GROWTH)", file=sys.stderr)
+            return 2
+        groups = [step_groups(trajectory, step, label_ids(shape))[0] for step in range(3)]
+        engine.run_round(groups[:1])  # the first step: the history's checkpoint is left in the cache
+        groups = groups[1:]
+        args.workload = f"agent {start}+{growth}"
+    else:
+        groups = requests_for(args.workload, 3, config.vocab_size, args.scale)
     engine.run_round(groups[:1])  # warm-up: kernels compiled, the graph's first replay done
     cuda = device.type == "cuda"
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
@@ -144,7 +166,8 @@ def main(argv=None) -> int:
     rows = kernel_table(prof, cuda)
     total = sum(r["total_us"] for r in rows)
     graph = profiled.graph
-    print(f"{args.model} {args.workload}: {profiled.stats.stream_tokens} stream tokens, "
+    print(f"{args.model} {args.workload}: {profiled.stats.stream_tokens} stream tokens "
+          f"({profiled.stats.resumed_tokens} resumed from the state cache), "
           f"graph {[graph.tokens, graph.segments] if graph else None}, {len(rows)} kernel names, "
           f"{sum(r['calls'] for r in rows)} calls, {total / 1e3:.2f} ms in all")
     for r in rows[: args.top]:

@@ -23,6 +23,8 @@
 #               run the workloads into /tmp/bench/flide (packed into $OUT/flide.tar.gz), stop it
 #   sglang      start SGLang 0.5.17 with --launch (launch.sh PARTS MODEL PORT), the same, into .../sglang
 #   compare     benchmark/serving/compare.py for every workload both engines ran
+#   profile     benchmark/profile_round.py in process (no server may hold the GPU): an agent step resumed from
+#               the state cache at 8,000 + 400 and at 1,500 + 200 tokens, kernels by device time -> $OUT/profile.tar.gz
 # Back in $OUT: flide.tar.gz / sglang.tar.gz / compare.tar.gz (each run's NAME.json, .md, .png, .log),
 # flide_server.log, sglang_server.log ($OUT brings back at most 8 files).
 # Options:
@@ -43,7 +45,8 @@
 #   --keep-server     leave the engine's server running after its workloads (it was started with setsid, so it
 #                     outlives the call); the next call's flide/sglang step reuses it if healthy: a slow start
 #                     (SGLang's 115-200 s) is paid once when the workloads are split over several calls
-# Environment: SHAPE (qwen3.5-4b), HEAD_SCALE (40), FLIDE_FLAGS (extra flags for Flide's server).
+# Environment: SHAPE (qwen3.5-4b), HEAD_SCALE (40), FLIDE_FLAGS (extra flags for Flide's server), FLIDE_LABEL
+# (its results' name, default flide; e.g. flide_off for a run with --disable-radix-cache).
 set -uo pipefail
 REPO=$(pwd)
 OUT=${OUT:-/tmp/bench_out}
@@ -77,7 +80,7 @@ while [ $# -gt 0 ]; do
         --sglang-flags) SGLANG_FLAGS=$2; shift 2 ;;
         --port) PORT=$2; shift 2 ;;
         --keep-server) KEEP=1; shift ;;
-        checkpoint|flide|sglang|compare) STEPS+=("$1"); shift ;;
+        checkpoint|flide|sglang|compare|profile) STEPS+=("$1"); shift ;;
         *) echo "run_h200.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -188,7 +191,7 @@ finish() {  # finish LABEL PID: stop the server unless --keep-server
 
 step_flide() {
     flide_env
-    local pid rc
+    local pid rc label=${FLIDE_LABEL:-flide}
     if pid=$(running flide); then
         log "Flide already running (PID $pid)"
     else
@@ -201,9 +204,23 @@ step_flide() {
         pid=$!
         wait_health "$pid" "$OUT/flide_server.log" 300 || { stop_server "$pid"; return 1; }
     fi
-    nvidia-smi --query-gpu=name,memory.used --format=csv,noheader > "$OUT/flide_gpu.txt" 2>&1
-    run_workloads flide; rc=$?
+    nvidia-smi --query-gpu=name,memory.used --format=csv,noheader > "$OUT/${label}_gpu.txt" 2>&1
+    run_workloads "$label"; rc=$?
     finish flide "$pid"
+    return $rc
+}
+
+step_profile() {
+    flide_env
+    local shape rc=0
+    mkdir -p "$RESULTS/profile"
+    for shape in 8000:400 1500:200; do
+        log "profile_round.py --model $SHAPE --agent $shape"
+        (cd /tmp && timeout 300 python3 "$REPO/benchmark/profile_round.py" --model "$SHAPE" --agent "$shape" \
+            --out "$RESULTS/profile/agent_${shape/:/_}.json") > "$RESULTS/profile/agent_${shape/:/_}.log" 2>&1 || rc=1
+        grep -v "^\[\|^STAGE\|^ERROR" "$RESULTS/profile/agent_${shape/:/_}.log" | tail -n 14
+    done
+    tar -czf "$OUT/profile.tar.gz" -C "$RESULTS" profile
     return $rc
 }
 

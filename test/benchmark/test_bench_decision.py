@@ -55,3 +55,16 @@ def test_profile_round_smoke(tmp_path):
     bad = subprocess.run([sys.executable, str(script), "--model", "gpt-5", "--device", "cpu"], capture_output=True,
                          text=True, timeout=300)
     assert bad.returncode == 2 and "unknown model" in bad.stderr
+    # An agent step resumed from the state cache: only the new history and criteria are computed.
+    agent = subprocess.run([sys.executable, str(script), "--model", "tiny-qwen3.5", "--device", "cpu", "--dtype",
+                            "float32", "--agent", "200:70", "--out", str(out)], capture_output=True, text=True,
+                           timeout=300)
+    assert agent.returncode == 0, agent.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert "(256 resumed from the state cache)" in agent.stdout  # step 1 left 270 tokens: cut at 256
+    # Step 2: a 340-token history (256 resumed) and 10 criteria of 30 tokens, some of
+    # which may share first tokens (a small vocabulary) and be merged.
+    assert report["workload"] == "agent 200+70" and 300 < report["stream_tokens"] <= 340 - 256 + 10 * 30
+    bad = subprocess.run([sys.executable, str(script), "--model", "tiny-qwen3.5", "--device", "cpu", "--agent", "8k"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--agent" in bad.stderr
