@@ -21,7 +21,7 @@ import requests
 
 # Prometheus samples kept from /metrics: prefix-cache counters (SGLang's
 # ``sglang:cached_tokens_total`` ...) and the prompt / computed token counters.
-METRIC_PATTERNS = ("cache", "prompt_tokens", "stream_tokens", "tokens_saved", "per_stage_req_latency")
+METRIC_PATTERNS = ("cache", "prompt_tokens", "stream_tokens", "tokens_saved", "per_stage_req_latency", "request_latency")
 
 
 class ServerUnreachable(RuntimeError):

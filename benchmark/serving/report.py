@@ -89,6 +89,17 @@ def stage_means(delta: Optional[dict]) -> dict:
     return out
 
 
+def server_latency(delta: Optional[dict]) -> Optional[float]:
+    """Mean milliseconds per request the server itself measured over the run
+    (Flide's ``flide_request_latency_seconds`` of ``/v1/score``, SGLang's
+    ``sglang:e2e_request_latency_seconds``); None when it has neither."""
+    for name in ('flide_request_latency_seconds_{}{{route="/v1/score"}}', "sglang:e2e_request_latency_seconds_{}"):
+        total, count = (delta or {}).get(name.format("sum")), (delta or {}).get(name.format("count"))
+        if total is not None and count:
+            return 1e3 * total / count
+    return None
+
+
 def markdown(result: dict) -> str:
     s = result["settings"]
     lines = [f"# bench_serving: {result['label']} {s['workload']}", "", f"Server: `{result['url']}`", "",
@@ -111,10 +122,14 @@ def markdown(result: dict) -> str:
             lat = row["latency"]
             lines.append(f"| {row['concurrency']} | {_ms(lat['p50_ms'])} | {_ms(lat['p90_ms'])} | {_ms(lat['p99_ms'])} "
                          f"| {_num(row['questions_per_s'])} | {row['requests']} ({row['failed']}) |")
-    stages = stage_means((result.get("metrics") or {}).get("delta"))
-    if stages:
-        lines += ["", "Server stages, mean ms per request (`/metrics` `per_stage_req_latency_seconds`): "
-                  + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()) + "."]
+    delta = (result.get("metrics") or {}).get("delta")
+    stages, served = stage_means(delta), server_latency(delta)
+    if stages or served is not None:
+        lines += ["", "Server side, mean ms per request (`/metrics`): "
+                  + (f"end to end {served:.2f}" if served is not None else "")
+                  + ("; " if stages and served is not None else "")
+                  + (", ".join(f"{k} {v:.2f}" for k, v in stages.items()) + " (`per_stage_req_latency_seconds`)"
+                     if stages else "") + "."]
     cold = result.get("cold_check")
     if cold:
         state = "each resent after a cache flush" if cold["flushed"] else \

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import time
 from typing import List, Optional
+
+import numpy as np
 
 from ..runtime.capacity import RequestSize
 
@@ -14,23 +17,41 @@ class ScoreWork:
     longest cached checkpoint of its state and leaves its own state behind (the
     engine's state cache does this by itself).
 
+    The prompts travel as the prefix they all share and each one's own rest, so
+    a long history shared by every question is pickled once (:meth:`pack`).
+
     Attributes:
         rid: request id, unique in the server's lifetime.
-        prompts: full prompt token ids, one ``[n]`` int64 array per question
-            (arrays pickle as one copy; a long history repeated in every
-            question's prompt would otherwise be pickled id by id).
+        shared: ``[n]`` int64 token ids every prompt starts with.
+        rests: per prompt, ``[m]`` int64 token ids after ``shared``.
         labels: label token ids per prompt.
         size: the request's prefix-tree size, measured by the tokenizer manager
             (None: the scheduler measures it).
-        received: when the scheduler took it in (its ``time.perf_counter()``;
-            set there).
+        sent: when the tokenizer manager sent it (``time.time()``, seconds).
     """
 
     rid: int
-    prompts: List
+    shared: np.ndarray
+    rests: List[np.ndarray]
     labels: List[List[int]]
     size: Optional[RequestSize] = None
-    received: float = 0.0
+    sent: float = 0.0
+
+    @classmethod
+    def pack(cls, rid: int, prompts: List[np.ndarray], labels: List[List[int]],
+             size: Optional[RequestSize] = None) -> "ScoreWork":
+        """A ScoreWork of ``prompts`` (non-empty ``[n]`` int64 arrays), split at their common prefix."""
+        n = min(len(p) for p in prompts)
+        if len(prompts) > 1 and n:
+            differs = (np.stack([p[:n] for p in prompts[1:]]) != prompts[0][:n]).any(axis=0)
+            if differs.any():
+                n = int(differs.argmax())
+        return cls(rid, prompts[0][:n], [p[n:] for p in prompts], labels, size, time.time())
+
+    @property
+    def prompts(self) -> List[np.ndarray]:
+        """The full prompts, ``[n]`` int64 each."""
+        return [np.concatenate((self.shared, rest)) for rest in self.rests]
 
 
 @dataclass
@@ -48,7 +69,7 @@ class ScoreDone:
         error: a message when the round failed (the request gets HTTP 500).
         cache: ``Engine.cache_stats()`` after the round (for ``/metrics``).
         stages: seconds the request spent in the scheduler, by stage: ``queue``
-            (waiting for its round), then its round's ``plan``, ``forward`` and
+            (from being sent until its round starts), then its round's ``plan``, ``forward`` and
             ``finish`` (:class:`~flide_ext.runtime.round_result.RoundStats`; the
             last one also holds the scheduler's own work on the answers).
     """

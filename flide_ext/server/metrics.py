@@ -52,10 +52,11 @@ class RequestClock:
 
 
 # A request's stages, in order: tokenize (body parsed, checked, rendered and
-# tokenised, its tree sized: up to sending it to the scheduler), queue (waiting
-# there for a round), plan / forward / finish (its round's, RoundStats), transport
-# (the rest of the round trip: pickling, ZMQ, the event loop), respond (the answer
-# made into the response body).
+# tokenised, its tree sized: up to sending it to the scheduler), queue (from then
+# until its round starts, the wait in the scheduler's socket included), plan /
+# forward / finish (its round's, RoundStats), transport (the rest of the round
+# trip: the answer's way back, pickling, the event loop), respond (the answer made
+# into the response body).
 STAGES = ("tokenize", "queue", "plan", "forward", "finish", "transport", "respond")
 
 

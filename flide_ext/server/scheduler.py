@@ -78,7 +78,6 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
             if isinstance(w, FlushCache):  # between two rounds: none is running
                 done.send_pyobj(_flush(engine, w))
                 continue
-            w.received = time.perf_counter()
             try:
                 waiting.put(w, w.size or request_size(w.prompts))
             except RequestError as e:
@@ -87,14 +86,16 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
         if not batch:
             continue
         try:
-            started = time.perf_counter()
+            started, started_at = time.perf_counter(), time.time()
             result = engine.run_round([(w.prompts, w.labels) for w in batch])
             stats = engine.cache_stats()
             rs = result.stats
             for w, logprobs, stream, cached in zip(batch, result.answers, result.stream_tokens, result.resumed_tokens):
                 # As prompt_tokens, summed over the request's prompts: each one's first
                 # ``cached`` tokens came from the cache.
-                stages = {"queue": started - w.received, "plan": rs.plan_seconds, "forward": rs.forward_seconds,
+                # Queued since the manager sent it (its socket's wait included): one
+                # machine's wall clock across the two processes.
+                stages = {"queue": max(0.0, started_at - w.sent), "plan": rs.plan_seconds, "forward": rs.forward_seconds,
                           "finish": time.perf_counter() - started - rs.plan_seconds - rs.forward_seconds}
                 done.send_pyobj(ScoreDone(w.rid, logprobs, stream, len(batch), cached * len(w.prompts), cache=stats,
                                           stages=stages))

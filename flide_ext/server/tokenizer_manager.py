@@ -108,7 +108,7 @@ class TokenizerManager:
         clock = CLOCK.get()
         if clock is not None:
             clock.lap("tokenize")
-        done: ScoreDone = await self._ask(lambda rid: ScoreWork(rid, prompts, labels, size))
+        done: ScoreDone = await self._ask(lambda rid: ScoreWork.pack(rid, prompts, labels, size))
         if clock is not None:
             clock.stages.update(done.stages)
             clock.lap("transport")  # the whole round trip, less the scheduler's stages
