@@ -20,6 +20,7 @@ import numpy as np
 
 from ..plan.flat import Resume, plan_round
 from ..plan.tree import MAX_TREE_DEPTH
+from .capacity import RequestSize
 from .state_cache import ALIGN, Match, StateCache
 
 
@@ -49,8 +50,9 @@ class CacheRound:
         return [m.nodes[-1] for m in self.matches.values()]
 
 
-def _state(prompts) -> np.ndarray:
-    # The prompts' common prefix, less at least the shortest one's last token.
+def state_of(prompts) -> np.ndarray:
+    """A request's state: ``[n]`` int64, its prompts' common prefix less at least
+    the shortest one's last token (every question keeps a token of its own)."""
     first = np.asarray(prompts[0], dtype=np.int64)
     n = min(len(p) for p in prompts) - 1
     if len(prompts) > 1 and n > 0:
@@ -62,6 +64,30 @@ def _state(prompts) -> np.ndarray:
     return first[:max(n, 0)]
 
 
+def _cuts(cache: StateCache, state: np.ndarray, match: Match) -> list:
+    # Where the state is cut: its last checkpoint position beyond what it resumes
+    # and, for GDN models, the last one it shares with a cached state before that.
+    top = len(state) // ALIGN * ALIGN
+    shared = min(match.matched, len(state)) // ALIGN * ALIGN
+    cuts = [shared] if cache.recurrent and match.length < shared < top else []
+    return cuts + [top] if top > match.length else cuts
+
+
+def round_size(cache: StateCache, state: np.ndarray, size: RequestSize) -> RequestSize:
+    """A request's size in a round run now: its prefix tree's ``size``
+    (:func:`~.rounds.request_size`) less the state tokens it would resume from the
+    cache, plus a segment per cut of its state. Marks the matched nodes as
+    recently used; takes no lock.
+
+    Args:
+        cache: the state cache.
+        state: ``[n]`` int64 the request's state (:func:`state_of`).
+        size: its prefix tree's size without the cache.
+    """
+    match = cache.match(state, len(state))
+    return RequestSize(size.tokens - match.length, size.segments + len(_cuts(cache, state, match)))
+
+
 def plan_cache(cache: StateCache, groups) -> CacheRound:
     """Match every request of a round against the cache and choose its cuts.
 
@@ -71,7 +97,7 @@ def plan_cache(cache: StateCache, groups) -> CacheRound:
     """
     out, offset, parts = CacheRound(), 0, []
     for r, (prompts, _) in enumerate(groups):
-        state = _state(prompts)
+        state = state_of(prompts)
         out.states[r] = state
         match: Match = cache.match(state, len(state))
         base = match.length
@@ -80,13 +106,7 @@ def plan_cache(cache: StateCache, groups) -> CacheRound:
             out.resume[r] = Resume(base, match.slot, offset)
             parts.append(match.rows)
             offset += base
-        top = len(state) // ALIGN * ALIGN
-        cuts = []
-        shared = min(match.matched, len(state)) // ALIGN * ALIGN
-        if cache.recurrent and base < shared < top:
-            cuts.append(shared)
-        if top > base:
-            cuts.append(top)
+        cuts = _cuts(cache, state, match)
         if cuts:
             out.cuts[r] = cuts
     if parts:

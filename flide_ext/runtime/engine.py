@@ -22,8 +22,8 @@ import torch
 
 from ..protocol.errors import ModelLoadError, RequestError
 from ..protocol.token_requests import TokenAnswer, TokenRequest, check_token_request, parse_token_request
-from .capacity import RoundCapacity
-from .checkpoints import CacheRound, keep_checkpoints, plan_cache, plan_with_cuts
+from .capacity import RequestSize, RoundCapacity
+from .checkpoints import CacheRound, keep_checkpoints, plan_cache, plan_with_cuts, round_size
 from .state_cache import StateCache
 from .graph_runner import GraphCapacity
 from .model_runner import ModelRunner, parse_dtype
@@ -246,6 +246,17 @@ class Engine:
         )
         return RoundResult(answers, stream, [cached.resume[r].length if r in cached.resume else 0 for r in range(n)],
                            [kept_tokens.get(r, 0) for r in range(n)], stats, [graph])
+
+    @_serialised
+    def round_size(self, state: np.ndarray, size: RequestSize) -> RequestSize:
+        """A request's size in a round run now, with what it would resume from the
+        state cache (:func:`~.checkpoints.round_size`); ``size`` when the cache is off.
+
+        Args:
+            state: ``[n]`` int64 the request's state (:func:`~.checkpoints.state_of`).
+            size: its prefix tree's size (:func:`~.rounds.request_size`).
+        """
+        return size if self.cache is None else round_size(self.cache, state, size)
 
     @_serialised
     def flush_cache(self) -> None:

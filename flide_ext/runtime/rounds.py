@@ -91,11 +91,32 @@ class RoundQueue(Generic[Item]):
             RequestError: no round can hold it (naming ``field``); nothing is queued.
         """
         self.capacity.check(size, field)
-        self._waiting.append((item, size))
+        self._waiting.append((item, size, field))
+
+    def resize(self, size_of) -> list:
+        """Measure every waiting item again (``size_of(item)`` -> RequestSize: what
+        it needs in a round run now); those no round can hold any more leave the
+        queue.
+
+        Returns:
+            ``[(item, RequestError)]`` for the items that left, in arrival order
+            (the error names the field they were queued with).
+        """
+        kept, refused = deque(), []
+        for item, _, field in self._waiting:
+            size = size_of(item)
+            try:
+                self.capacity.check(size, field)
+            except RequestError as e:
+                refused.append((item, e))
+                continue
+            kept.append((item, size, field))
+        self._waiting = kept
+        return refused
 
     def next_round(self) -> list:
         """The items of the next round, in arrival order (empty when none wait)."""
         waiting = list(self._waiting)
-        taken = set(pack_round([size for _, size in waiting], self.capacity))
+        taken = set(pack_round([size for _, size, _ in waiting], self.capacity))
         self._waiting = deque(entry for i, entry in enumerate(waiting) if i not in taken)
-        return [item for i, (item, _) in enumerate(waiting) if i in taken]
+        return [item for i, (item, _, _) in enumerate(waiting) if i in taken]

@@ -28,6 +28,8 @@ class ScoreWork:
         size: the request's prefix-tree size, measured by the tokenizer manager
             (None: the scheduler measures it).
         sent: when the tokenizer manager sent it (``time.time()``, seconds).
+        field: the request field the prompts came from, named when the scheduler
+            refuses the request (no round can hold what it still has to compute).
     """
 
     rid: int
@@ -36,17 +38,24 @@ class ScoreWork:
     labels: List[List[int]]
     size: Optional[RequestSize] = None
     sent: float = 0.0
+    field: str = "prompts"
 
     @classmethod
     def pack(cls, rid: int, prompts: List[np.ndarray], labels: List[List[int]],
-             size: Optional[RequestSize] = None) -> "ScoreWork":
+             size: Optional[RequestSize] = None, field: str = "prompts") -> "ScoreWork":
         """A ScoreWork of ``prompts`` (non-empty ``[n]`` int64 arrays), split at their common prefix."""
         n = min(len(p) for p in prompts)
         if len(prompts) > 1 and n:
             differs = (np.stack([p[:n] for p in prompts[1:]]) != prompts[0][:n]).any(axis=0)
             if differs.any():
                 n = int(differs.argmax())
-        return cls(rid, prompts[0][:n], [p[n:] for p in prompts], labels, size, time.time())
+        return cls(rid, prompts[0][:n], [p[n:] for p in prompts], labels, size, time.time(), field)
+
+    @property
+    def state(self) -> np.ndarray:
+        """The request's state (:func:`flide_ext.runtime.checkpoints.state_of`):
+        the shared prefix, less its last token when a prompt ends there."""
+        return self.shared[:-1] if any(len(rest) == 0 for rest in self.rests) else self.shared
 
     @property
     def prompts(self) -> List[np.ndarray]:
@@ -66,7 +75,9 @@ class ScoreDone:
         cached_tokens: prompt tokens resumed from the state cache, summed over the
             request's prompts as ``prompt_tokens`` is (SGLang's
             ``usage.prompt_tokens_details.cached_tokens``).
-        error: a message when the round failed (the request gets HTTP 500).
+        error: a message when the round failed (the request gets HTTP 500), or
+            why it was refused (with ``error_field``: HTTP 400).
+        error_field: the request field a refusal names.
         cache: ``Engine.cache_stats()`` after the round (for ``/metrics``).
         stages: seconds the request spent in the scheduler, by stage: ``queue``
             (from being sent until its round starts), then its round's ``plan``, ``forward`` and
@@ -82,6 +93,7 @@ class ScoreDone:
     error: Optional[str] = None
     cache: Optional[dict] = None
     stages: dict = field(default_factory=dict)
+    error_field: Optional[str] = None
 
 
 @dataclass

@@ -105,7 +105,7 @@ def serve(args: ServeArgs) -> None:
     metrics.cache(stats)
     served = args.served_model_name or args.model_path
     manager = TokenizerManager(tokenizer, ready.context_length, ready.vocab_size, work_addr, done, metrics, served,
-                               capacity)
+                               capacity, resumes=bool(stats.get("enabled")))
     info = ServerInfo(path, args.served_model_name or args.model_path, ready.context_length, ready.vocab_size,
                       args.dtype, args.device, args.api_key, args.disable_radix_cache, stats.get("budget_bytes", 0),
                       stats.get("max_tokens", 0))

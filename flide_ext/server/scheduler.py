@@ -4,7 +4,9 @@ When a round starts, every waiting request that still fits the round's token,
 segment and request capacity joins it, in arrival order (the engine's own
 :class:`flide_ext.runtime.rounds.RoundQueue`), so no request waits behind a
 round that could have held it; the rest wait for the next round, with whatever
-arrived meanwhile. Each round is one flat stream (``Engine.run_round``); every
+arrived meanwhile. Each request counts what it would compute then: its prefix
+tree less the state it resumes from the cache (``Engine.round_size``), so agents
+whose long histories are cached step together. Each round is one flat stream (``Engine.run_round``); every
 request resumes from the engine's state cache and leaves its state there.
 
 A FlushCache empties the cache between two rounds (requests already waiting run
@@ -39,9 +41,9 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
         engine_kwargs: keyword arguments of :class:`flide_ext.Engine`.
         work_addr: ZMQ address the tokenizer manager pushes ScoreWork to (bound here).
         done_addr: ZMQ address ScoreDone results are pushed to (bound by the manager).
-        capacity: most stream tokens, segments and requests per round. The
-            tokenizer manager refuses requests larger than a round (HTTP 400);
-            one that arrives anyway is answered with an error, not run.
+        capacity: most stream tokens, segments and requests per round. A
+            request that cannot fit one, even resuming from the cache, is
+            answered with the error (HTTP 400 naming its field), not run.
         mem_fraction_static: size the state cache from this fraction of the GPU's
             memory (:func:`~.cache_args.fraction_budget`), here, where the GPU is.
     """
@@ -79,9 +81,14 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
                 done.send_pyobj(_flush(engine, w))
                 continue
             try:
-                waiting.put(w, w.size or request_size(w.prompts))
+                # What it computes if it ran now: its tree less what it resumes.
+                waiting.put(w, engine.round_size(w.state, w.size or request_size(w.prompts, w.field)), w.field)
             except RequestError as e:
-                done.send_pyobj(ScoreDone(w.rid, error=str(e)))
+                done.send_pyobj(ScoreDone(w.rid, error=e.message, error_field=e.field))
+        if engine.cache is not None:
+            # The last round may have left (or evicted) what a waiting request resumes.
+            for w, e in waiting.resize(lambda w: engine.round_size(w.state, w.size or request_size(w.prompts))):
+                done.send_pyobj(ScoreDone(w.rid, error=e.message, error_field=e.field))
         batch = waiting.next_round()
         if not batch:
             continue

@@ -41,10 +41,14 @@ class TokenizerManager:
         metrics: Prometheus metrics to update.
         served_model_name: the model name System One responses carry.
         capacity: the scheduler's round capacity; larger requests are refused here.
+        resumes: the scheduler has a state cache: a request larger than a round
+            may still fit one once it resumes from the cache, so the scheduler,
+            not this manager, refuses it.
     """
 
     def __init__(self, tokenizer, context_length: int, vocab_size: int, work_addr: str, done_socket, metrics: Metrics,
-                 served_model_name: str = "default", capacity: RoundCapacity = RoundCapacity()):
+                 served_model_name: str = "default", capacity: RoundCapacity = RoundCapacity(),
+                 resumes: bool = False):
         from ..protocol.systemone import SystemOneRenderer
 
         self.tokenizer = tokenizer
@@ -60,6 +64,7 @@ class TokenizerManager:
         self.rids = itertools.count()
         self.metrics = metrics
         self.capacity = capacity
+        self.resumes = resumes
         self._receiver: Optional[asyncio.Task] = None
 
     def start(self) -> None:
@@ -99,20 +104,23 @@ class TokenizerManager:
 
         Raises:
             RequestError: on ``field``, when the prompts nest too deep or no round
-                can hold the request.
+                can hold the request (even resuming from the state cache).
             SchedulerError: the round failed.
         """
         prompts = [np.asarray(p, dtype=np.int64) for p in prompts]
         size = request_size(prompts, field)  # the one prefix tree the HTTP process builds
-        self.capacity.check(size, field)
+        if not self.resumes:
+            self.capacity.check(size, field)
         clock = CLOCK.get()
         if clock is not None:
             clock.lap("tokenize")
-        done: ScoreDone = await self._ask(lambda rid: ScoreWork.pack(rid, prompts, labels, size))
+        done: ScoreDone = await self._ask(lambda rid: ScoreWork.pack(rid, prompts, labels, size, field))
         if clock is not None:
             clock.stages.update(done.stages)
             clock.lap("transport")  # the whole round trip, less the scheduler's stages
             clock.stages["transport"] -= sum(done.stages.values())
+        if done.error_field is not None:
+            raise RequestError(done.error_field, done.error)
         if done.error:
             raise SchedulerError(done.error)
         self.metrics.tokens(sum(len(p) for p in prompts), done.stream_tokens, done.cached_tokens)

@@ -69,3 +69,19 @@ def test_engine_splits_batches_into_rounds_and_refuses_oversized(tiny_dirs):
     # batch's stats are the rounds' together.
     assert rounds == [2, 2, 1]
     assert got.stats.requests == 5 and got.stats.stream_tokens == want.stats.stream_tokens
+
+
+def test_resize_measures_waiting_requests_again():
+    """The scheduler re-measures waiting requests before each round (what they
+    resume may have changed): sizes are replaced, and those no round holds now
+    leave the queue with a RequestError naming their field."""
+    from flide_ext.runtime.rounds import RoundQueue
+
+    queue = RoundQueue(RoundCapacity(tokens=100, segments=10))
+    for name, tokens in (("a", 90), ("b", 80), ("c", 70)):
+        queue.put(name, RequestSize(tokens, 2), field=f"items of {name}")
+    assert queue.next_round() == ["a"]  # 90 + 80 > 100
+    sizes = {"b": RequestSize(30, 2), "c": RequestSize(150, 2)}  # b now resumes; c's checkpoint was evicted
+    refused = queue.resize(lambda item: sizes[item])
+    assert [(item, e.field) for item, e in refused] == [("c", "items of c")] and "150 stream tokens" in refused[0][1].message
+    assert len(queue) == 1 and queue.next_round() == ["b"] and queue.next_round() == []

@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from flide_ext import Engine
+from flide_ext.runtime.checkpoints import state_of
 from flide_ext.runtime.kv_pool import KVPool, PoolFullError
+from flide_ext.runtime.rounds import request_size
 from flide_ext.runtime.state_cache import ALIGN, StateCache
 
 FAMILIES = ["qwen3_5", "llama"]
@@ -31,9 +33,14 @@ def _questions(rng, history, n=3):
 
 
 def _same_as_cold(warm, cold, prompts):
+    # What the scheduler packs the request by: its round's stream tokens exactly,
+    # and at least its segments.
+    predicted = warm.round_size(state_of(prompts), request_size(prompts))
     w = warm.run_round([(prompts, [LABELS] * len(prompts))])
     c = cold.run_round([(prompts, [LABELS] * len(prompts))])
     assert w.answers == c.answers, "warm answers differ from cold"
+    assert w.stats.stream_tokens == predicted.tokens and w.stats.segments <= predicted.segments
+    assert cold.round_size(state_of(prompts), request_size(prompts)) == request_size(prompts)  # no cache
     return w
 
 

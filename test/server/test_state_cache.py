@@ -113,3 +113,38 @@ def test_a_failing_flush_is_answered():
 
     done = _flush(Broken(), FlushCache(7))
     assert done.rid == 7 and done.error == "RuntimeError: pool is busy" and done.cache is None
+
+
+@pytest.fixture(scope="module")
+def small_rounds(char_model_dir, tmp_path_factory):
+    """Rounds of at most 300 stream tokens, the state cache on."""
+    yield from serving([sys.executable, "-m", "flide_ext.entrypoints.cli", "serve", "--model-path",
+                        str(char_model_dir), "--context-length", "400", "--round-tokens", "300"],
+                       tmp_path_factory.mktemp("small_rounds"))
+
+
+def test_a_request_larger_than_a_round_runs_when_it_resumes(small_rounds, char_model_dir):
+    """A history longer than a round is served once its earlier steps are cached
+    (a round counts what a request computes: its tree less what it resumes), with
+    the answers a fresh engine gives the whole prompts; after a flush the same
+    request is refused with a 400 naming ``items``, and the server goes on."""
+    from flide_ext import Engine
+
+    history = [(7 * i) % 90 + 5 for i in range(350)]
+
+    def step(n: int) -> dict:
+        return {"query": history[:n], "items": [[3, 4], [5]], "label_token_ids": [1, 2], "apply_softmax": True}
+
+    first = requests.post(f"{small_rounds}/v1/score", json=step(200))
+    assert first.status_code == 200, first.text  # 202 stream tokens: fits; leaves its state at 192
+    later = requests.post(f"{small_rounds}/v1/score", json=step(350))  # 353 tokens, 161 once it resumes
+    assert later.status_code == 200, later.text
+    assert later.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 2 * 192
+    fresh = Engine(str(char_model_dir), context_length=400, radix_cache=False)
+    want = fresh.score_tokens({"prompts": [history + [3, 4], history + [5]], "label_token_ids": [1, 2]})
+    assert later.json()["scores"] == want.probabilities
+    assert requests.post(f"{small_rounds}/flush_cache").status_code == 200
+    refused = requests.post(f"{small_rounds}/v1/score", json=step(350))
+    assert refused.status_code == 400 and refused.json()["param"] == "items", refused.text
+    assert "353 stream tokens" in refused.json()["message"]
+    assert requests.post(f"{small_rounds}/v1/score", json=step(200)).status_code == 200
