@@ -30,6 +30,8 @@ from ..kernels.gated_delta_rule import CHUNK
 
 # Checkpoint positions are multiples of this many tokens from the prompt start.
 ALIGN = CHUNK
+# An eviction frees this fraction (1/EVICT_MARGIN) of the budget beyond what it must.
+EVICT_MARGIN = 16
 
 
 @dataclass(eq=False)
@@ -220,22 +222,30 @@ class StateCache:
     def evict(self, rows_needed: int = 0, slots_over: int = 0) -> None:
         """Free least recently used memory until the K/V pool has ``rows_needed``
         free rows, the cache holds at most ``max_rows`` rows and at most
-        ``max_slots - slots_over`` slots. Locked nodes (a running round's) are never touched; an inner
-        node's slot may go on its own, a node's rows only when it is a leaf.
+        ``max_slots - slots_over`` slots; when it has to free anything, it frees
+        another ``1/EVICT_MARGIN`` of ``max_rows`` and ``max_slots`` too (as far
+        as unlocked nodes allow). Locked nodes (a running round's) are never
+        touched; an inner node's slot may go on its own, a node's rows only when
+        it is a leaf.
         """
         pool = self.kv_pool
+        if not ((pool is not None and (pool.num_free < rows_needed or self.rows > self.max_rows))
+                or self.slots > self.max_slots - slots_over):
+            return
+        # Once it has to evict, it frees a margin of 1/EVICT_MARGIN of the budget
+        # besides: every eviction walks the whole tree, and a cache at its budget
+        # would otherwise walk it at every round.
+        row_margin, slot_margin = self.max_rows // EVICT_MARGIN, self.max_slots // EVICT_MARGIN
 
         def short_of_rows():
-            return pool is not None and (pool.num_free < rows_needed or self.rows > self.max_rows)
+            return pool is not None and (pool.num_free < rows_needed + row_margin
+                                         or self.rows > self.max_rows - row_margin)
 
-        need_rows = short_of_rows()
-        if not need_rows and self.slots <= self.max_slots - slots_over:
-            return
         heap = [(nd.last_used, id(nd), nd) for nd in self._walk() if nd.locks == 0 and (not nd.children or nd.slot >= 0)]
         heapq.heapify(heap)
         while heap:
             need_rows = short_of_rows()
-            need_slots = self.slots > self.max_slots - slots_over
+            need_slots = self.slots > self.max_slots - slots_over - slot_margin
             if not need_rows and not need_slots:
                 break
             _, _, nd = heapq.heappop(heap)

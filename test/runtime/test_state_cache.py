@@ -253,3 +253,26 @@ def test_a_round_larger_than_the_pool_runs_as_with_the_cache_off(tiny_dirs):
     assert small.runner.kv_pool.num_free == small.runner.kv_pool.rows
     with pytest.raises(ModelLoadError, match="cannot be allocated"):
         Engine(str(tiny_dirs["llama"]), state_cache_bytes=10**16)
+
+
+def test_eviction_frees_a_margin_so_rounds_at_the_budget_rarely_evict():
+    """Over budget by one slot, an eviction frees 1/EVICT_MARGIN of the slots
+    besides (least recently used first), so the next insertions evict nothing."""
+    from flide_ext.runtime.state_cache import EVICT_MARGIN
+
+    released = []
+    cache = StateCache(None, released.extend, max_slots=32, slot_bytes=1)
+    state = np.arange(64 * 40, dtype=np.int64) % 1000
+
+    def insert(i):  # 40 distinct 64-token states, each with a slot
+        cache.insert(np.concatenate([[5000 + i], state[:63]]), lambda a, b: np.zeros(b - a, np.int64), i)
+
+    for i in range(33):
+        insert(i)
+    cache.evict()
+    margin = 32 // EVICT_MARGIN
+    assert cache.slots == 32 - margin and released == list(range(1 + margin))  # the oldest first
+    for i in range(33, 33 + margin):
+        insert(i)
+        cache.evict()
+    assert cache.slots == 32 and cache.evicted_nodes == 1 + margin  # nothing more was evicted
