@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -27,7 +27,7 @@ from .checkpoints import CacheRound, keep_checkpoints, plan_cache, plan_with_cut
 from .state_cache import StateCache
 from .graph_runner import GraphCapacity
 from .model_runner import ModelRunner, parse_dtype
-from .round_result import BatchAnswers, RoundResult, RoundStats
+from .round_result import BatchAnswers, RoundResult, RoundStats, round_result
 from .rounds import RoundQueue, request_size
 
 
@@ -226,26 +226,10 @@ class Engine:
                 cache.unlock(cached.nodes)
                 cache.evict()  # back within the slot budget
 
-        stream = [0] * n
-        for seg in plan.tree.segments:
-            stream[seg.request] += len(seg.tokens)
-        answers: List[List[List[float]]] = [[] for _ in groups]
-        for r, values in zip(requests, label_logprobs):
-            answers[r].append(values)
-        stats = RoundStats(
-            requests=n,
-            questions=len(prompts),
-            prompt_tokens=sum(len(p) for p in prompts),
-            stream_tokens=plan.num_tokens,
-            segments=plan.num_segments,
-            levels=plan.num_levels,
-            resumed_tokens=int(cached.prefix_rows.size),
-            plan_seconds=planned - started,
-            forward_seconds=forwarded - planned,
-            finish_seconds=time.perf_counter() - forwarded,
-        )
-        return RoundResult(answers, stream, [cached.resume[r].length if r in cached.resume else 0 for r in range(n)],
-                           [kept_tokens.get(r, 0) for r in range(n)], stats, [graph])
+        seconds = (planned - started, forwarded - planned, time.perf_counter() - forwarded)
+        return round_result(n, requests, label_logprobs, prompts, plan,
+                            [cached.resume[r].length if r in cached.resume else 0 for r in range(n)],
+                            [kept_tokens.get(r, 0) for r in range(n)], graph, seconds)
 
     @_serialised
     def round_size(self, state: np.ndarray, size: RequestSize) -> RequestSize:

@@ -86,6 +86,34 @@ class RoundResult:
         return self.graphs[-1] if self.graphs else None
 
 
+def round_result(n: int, requests: List[int], label_logprobs: list, prompts: list, plan, resumed: List[int],
+                 kept: List[int], graph, seconds: tuple) -> RoundResult:
+    """One round's RoundResult.
+
+    Args:
+        n: requests in the round.
+        requests: per prompt, its request's index.
+        label_logprobs: per prompt, its labels' log-probabilities.
+        prompts: per prompt, its token ids.
+        plan: the round's :class:`~flide_ext.plan.flat.FlatPlan`.
+        resumed: per request, the state tokens it resumed.
+        kept: per request, the tokens of the checkpoint it left (0: none).
+        graph: the capacity replayed (None: eager).
+        seconds: ``(plan, forward, finish)`` seconds of the round.
+    """
+    stream = [0] * n
+    for seg in plan.tree.segments:
+        stream[seg.request] += len(seg.tokens)
+    answers: List[List[List[float]]] = [[] for _ in range(n)]
+    for r, values in zip(requests, label_logprobs):
+        answers[r].append(values)
+    stats = RoundStats(requests=n, questions=len(prompts), prompt_tokens=sum(len(p) for p in prompts),
+                       stream_tokens=plan.num_tokens, segments=plan.num_segments, levels=plan.num_levels,
+                       resumed_tokens=sum(resumed), plan_seconds=seconds[0], forward_seconds=seconds[1],
+                       finish_seconds=seconds[2])
+    return RoundResult(answers, stream, resumed, kept, stats, [graph])
+
+
 class BatchAnswers(list):
     """A batch's answers in request order (each an answer or the RequestError that
     kept its request out), with the :class:`RoundStats` of the rounds that
