@@ -241,14 +241,18 @@ class StateCache:
             return pool is not None and (pool.num_free < rows_needed + row_margin
                                          or self.rows > self.max_rows - row_margin)
 
-        heap = [(nd.last_used, id(nd), nd) for nd in self._walk() if nd.locks == 0 and (not nd.children or nd.slot >= 0)]
+        # Least recently used first; of nodes used in the same round (a path matched
+        # or inserted at once), the shallower first: the deepest holds the newest
+        # checkpoint, the one its request resumes from next.
+        heap = [(nd.last_used, nd.end, id(nd), nd) for nd in self._walk()
+                if nd.locks == 0 and (not nd.children or nd.slot >= 0)]
         heapq.heapify(heap)
         while heap:
             need_rows = short_of_rows()
             need_slots = self.slots > self.max_slots - slots_over - slot_margin
             if not need_rows and not need_slots:
                 break
-            _, _, nd = heapq.heappop(heap)
+            _, _, _, nd = heapq.heappop(heap)
             if nd.parent is None or nd.locks:
                 continue  # already removed, or locked
             leaf = not nd.children
@@ -260,7 +264,7 @@ class StateCache:
                 # A leaf without a state resumes nothing in a GDN model.
                 parent = self._remove(nd)
                 if parent is not self.root and not parent.children and parent.locks == 0:
-                    heapq.heappush(heap, (parent.last_used, id(parent), parent))
+                    heapq.heappush(heap, (parent.last_used, parent.end, id(parent), parent))
 
     def _remove(self, node: Node) -> Node:
         parent = node.parent

@@ -16,6 +16,7 @@ CACHE_GAUGES = (
     ("flide_state_cache_bytes", "bytes", "Bytes of K/V rows and GDN slots the state cache holds"),
     ("flide_state_cache_budget_bytes", "budget_bytes", "The state cache's memory budget"),
     ("flide_state_cache_max_tokens", "max_tokens", "Most tokens (K/V rows) the state cache can hold"),
+    ("flide_state_cache_max_slots", "max_slots", "Most GDN state slots the state cache can hold"),
 )
 # Counters since the server started (a flush does not reset them).
 CACHE_COUNTERS = (

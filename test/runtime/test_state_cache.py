@@ -276,3 +276,20 @@ def test_eviction_frees_a_margin_so_rounds_at_the_budget_rarely_evict():
         insert(i)
         cache.evict()
     assert cache.slots == 32 and cache.evicted_nodes == 1 + margin  # nothing more was evicted
+
+
+def test_a_growing_history_keeps_its_newest_checkpoint_under_a_tight_budget(tiny_dirs, engines):
+    """Two GDN slots, one agent growing 100 tokens a step: each step resumes the
+    checkpoint the step before left (an eviction takes the stale ancestors' slots
+    first, not the newest one, which was used in the same round), with cold answers."""
+    _, cold = engines["qwen3_5"]
+    probe = Engine(str(tiny_dirs["qwen3_5"]), state_cache_bytes=1 << 20)
+    engine = Engine(str(tiny_dirs["qwen3_5"]),
+                    state_cache_bytes=1000 * probe.runner.kv_pool.row_bytes + 2 * probe.runner.slot_bytes)
+    assert engine.cache_stats()["max_slots"] == 2
+    rng = random.Random(8)
+    history = [rng.randrange(500) for _ in range(900)]
+    for n in range(100, 901, 100):
+        result = _same_as_cold(engine, cold, [history[:n] + [7]])
+        assert result.resumed_tokens[0] == (0 if n == 100 else (n - 100) // ALIGN * ALIGN), n
+        assert engine.cache_stats()["slots"] <= 2
