@@ -11,6 +11,8 @@
 #        bash benchmark/serving/run_h200.sh --install .whl-server --standin .gpu/sgl_kernel_standin checkpoint flide
 #   calls 3-5 (carry .gpu/sgl0517.tar.xz.partN, one each):
 #        bash benchmark/serving/run_h200.sh --stage .gpu/sgl0517.tar.xz.partN
+#   (once the checkout and a 60 MiB part pass the 64 MiB a call carries, carry each part in halves:
+#    here `split -b 31M -d .gpu/sgl0517.tar.xz.partN .gpu/s/pN.`, there `cat pN.00 pN.01 > /tmp/sglparts/...partN`)
 #   call 6 (carry .whl-sgl0517 .gpu/SHA256 .gpu/launch.sh):
 #        bash benchmark/serving/run_h200.sh --stage .whl-sgl0517 --stage .gpu/SHA256 --launch .gpu/launch.sh sglang compare
 # The machine goes back 30 s after a call returns (and after 30 min held), taking /tmp with it: issue the
