@@ -69,8 +69,9 @@ class PrefixTree:
         return out[::-1]
 
 
-def _common_prefix(arrays: list[np.ndarray], start: int) -> int:
-    """Length of the prefix that all ``arrays[i][start:]`` share."""
+def common_prefix(arrays: Sequence[np.ndarray], start: int = 0) -> int:
+    """Length of the prefix that all ``arrays[i][start:]`` share (``[n]`` integer
+    arrays; at most the shortest one's length less ``start``)."""
     first = arrays[0]
     length = min(len(a) for a in arrays) - start
     for a in arrays[1:]:
@@ -124,7 +125,7 @@ def build_prefix_tree(requests: Sequence[int], prompts: Sequence[Sequence[int]])
         if len(items) == 1:  # a leaf: the rest of its prompt (most questions)
             length = len(arrays[items[0]]) - start
         else:
-            length = _common_prefix([arrays[i] for i in items], start)
+            length = common_prefix([arrays[i] for i in items], start)
         end = start + length
         index = len(built)
         built.append(Segment(r, parent, arrays[items[0]][start:end].tolist(), start, depth))
@@ -148,12 +149,3 @@ def build_prefix_tree(requests: Sequence[int], prompts: Sequence[Sequence[int]])
         segments.append(Segment(s.request, parent, s.tokens, s.logical_start, s.depth))
     return PrefixTree(segments, [new_index[s] for s in readout])
 
-
-def nesting_depth(prompts: Sequence[Sequence[int]]) -> int:
-    """Levels of the prefix tree of one request's prompts (1: no prompt extends
-    past a fork of another).
-
-    Raises:
-        ValueError: a prompt is empty.
-    """
-    return build_prefix_tree([0] * len(prompts), prompts).num_levels

@@ -24,7 +24,6 @@ with warnings.catch_warnings():
     from sglang.srt.parser.template_detection import detect_reasoning_pattern
 
 from .errors import RequestError, validate_model
-from ..plan.tree import MAX_TREE_DEPTH, nesting_depth
 
 PROMPT_FORMAT_VERSION = sgl_decisions.PROMPT_FORMAT_VERSION
 # Full-vocabulary probability of all labels: math.fsum of exp(logprob), SGLang's own.
@@ -181,11 +180,8 @@ class DecisionRenderer:
             except ValueError as e:
                 raise RequestError(f"questions[{i}]", f"question {question.id!r}: {e}") from None
             out.append(EncodedQuestion(prompt_ids, label_ids))
-        depth = nesting_depth([q.prompt_ids for q in out])
-        if depth > MAX_TREE_DEPTH:
-            raise RequestError(
-                "questions", f"rendered prompts nest {depth} levels deep; at most {MAX_TREE_DEPTH} are served"
-            )
+        # Their prefix tree's depth is checked where the tree is built, once
+        # (runtime.rounds.request_size, naming "questions").
         return out
 
     def respond(

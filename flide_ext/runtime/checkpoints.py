@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..plan.flat import Resume, plan_round
-from ..plan.tree import MAX_TREE_DEPTH
+from ..plan.tree import MAX_TREE_DEPTH, common_prefix
 from .capacity import RequestSize
 from .state_cache import ALIGN, Match, StateCache
 
@@ -53,15 +53,8 @@ class CacheRound:
 def state_of(prompts) -> np.ndarray:
     """A request's state: ``[n]`` int64, its prompts' common prefix less at least
     the shortest one's last token (every question keeps a token of its own)."""
-    first = np.asarray(prompts[0], dtype=np.int64)
-    n = min(len(p) for p in prompts) - 1
-    if len(prompts) > 1 and n > 0:
-        # One comparison over all prompts' first n tokens (a few numpy calls per
-        # request however many questions it has).
-        differs = (np.stack([np.asarray(p[:n], dtype=np.int64) for p in prompts[1:]]) != first[:n]).any(axis=0)
-        if differs.any():
-            n = int(differs.argmax())
-    return first[:max(n, 0)]
+    arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
+    return arrays[0][:max(min(common_prefix(arrays), min(len(a) for a in arrays) - 1), 0)]
 
 
 def _cuts(cache: StateCache, state: np.ndarray, match: Match) -> list:

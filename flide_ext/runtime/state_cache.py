@@ -27,6 +27,7 @@ from typing import Optional
 import numpy as np
 
 from ..kernels.gated_delta_rule import CHUNK
+from ..plan.tree import common_prefix
 
 # Checkpoint positions are multiples of this many tokens from the prompt start.
 ALIGN = CHUNK
@@ -124,9 +125,7 @@ class StateCache:
             if child is None:
                 break
             edge = child.tokens
-            m = min(len(edge), n - pos)
-            diff = np.flatnonzero(edge[:m] != state[pos:pos + m])
-            same = int(diff[0]) if diff.size else m
+            same = common_prefix((edge, state[pos:]))
             child.last_used = tick
             if same < len(edge):
                 partial = same
@@ -193,9 +192,7 @@ class StateCache:
                 node, pos = child, c
                 break
             edge = child.tokens
-            m = min(len(edge), c - pos)
-            diff = np.flatnonzero(edge[:m] != tokens[pos:pos + m])
-            same = int(diff[0]) if diff.size else m
+            same = common_prefix((edge, tokens[pos:c]))
             if same < len(edge):
                 child = self._split(child, same)
             child.last_used = tick
@@ -219,10 +216,10 @@ class StateCache:
 
     # -- memory ----------------------------------------------------------------
 
-    def evict(self, rows_needed: int = 0, slots_over: int = 0) -> None:
+    def evict(self, rows_needed: int = 0) -> None:
         """Free least recently used memory until the K/V pool has ``rows_needed``
         free rows, the cache holds at most ``max_rows`` rows and at most
-        ``max_slots - slots_over`` slots; when it has to free anything, it frees
+        ``max_slots`` slots; when it has to free anything, it frees
         another ``1/EVICT_MARGIN`` of ``max_rows`` and ``max_slots`` too (as far
         as unlocked nodes allow). Locked nodes (a running round's) are never
         touched; an inner node's slot may go on its own, a node's rows only when
@@ -230,7 +227,7 @@ class StateCache:
         """
         pool = self.kv_pool
         if not ((pool is not None and (pool.num_free < rows_needed or self.rows > self.max_rows))
-                or self.slots > self.max_slots - slots_over):
+                or self.slots > self.max_slots):
             return
         # Once it has to evict, it frees a margin of 1/EVICT_MARGIN of the budget
         # besides: every eviction walks the whole tree, and a cache at its budget
@@ -249,7 +246,7 @@ class StateCache:
         heapq.heapify(heap)
         while heap:
             need_rows = short_of_rows()
-            need_slots = self.slots > self.max_slots - slots_over - slot_margin
+            need_slots = self.slots > self.max_slots - slot_margin
             if not need_rows and not need_slots:
                 break
             _, _, _, nd = heapq.heappop(heap)

@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import numpy as np
 
+from ..plan.tree import common_prefix
 from ..runtime.capacity import RequestSize
 
 
@@ -44,11 +45,7 @@ class ScoreWork:
     def pack(cls, rid: int, prompts: List[np.ndarray], labels: List[List[int]],
              size: Optional[RequestSize] = None, field: str = "prompts") -> "ScoreWork":
         """A ScoreWork of ``prompts`` (non-empty ``[n]`` int64 arrays), split at their common prefix."""
-        n = min(len(p) for p in prompts)
-        if len(prompts) > 1 and n:
-            differs = (np.stack([p[:n] for p in prompts[1:]]) != prompts[0][:n]).any(axis=0)
-            if differs.any():
-                n = int(differs.argmax())
+        n = common_prefix(prompts)
         return cls(rid, prompts[0][:n], [p[n:] for p in prompts], labels, size, time.time(), field)
 
     @property

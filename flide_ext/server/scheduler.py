@@ -6,8 +6,10 @@ segment and request capacity joins it, in arrival order (the engine's own
 round that could have held it; the rest wait for the next round, with whatever
 arrived meanwhile. Each request counts what it would compute then: its prefix
 tree less the state it resumes from the cache (``Engine.round_size``), so agents
-whose long histories are cached step together. Each round is one flat stream (``Engine.run_round``); every
-request resumes from the engine's state cache and leaves its state there.
+whose long histories are cached step together; it is measured when it arrives
+and again whenever the cache changes (after a round or a flush). Each round is
+one flat stream (``Engine.run_round``); every request resumes from the engine's
+state cache and leaves its state there.
 
 A FlushCache empties the cache between two rounds (requests already waiting run
 after it, recomputing their states) and is answered at once; every answer
@@ -67,6 +69,17 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
     done.send_pyobj(SchedulerReady(engine.vocab_size, engine.context_length, info))
     parent = os.getppid()
     waiting: RoundQueue[ScoreWork] = RoundQueue(capacity)
+
+    def measure(w: ScoreWork):
+        # What it computes if its round ran now: its tree less what it resumes.
+        return engine.round_size(w.state, w.size or request_size(w.prompts, w.field))
+
+    def remeasure() -> None:
+        # The cache changed: what a waiting request resumes may have too.
+        if engine.cache is not None:
+            for w, e in waiting.resize(measure):
+                done.send_pyobj(ScoreDone(w.rid, error=e.message, error_field=e.field))
+
     while True:
         # Wake up now and then to notice a parent that died without stopping us.
         while not len(waiting) and not work.poll(1000):
@@ -79,15 +92,11 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
                 break
             if isinstance(w, FlushCache):  # between two rounds: none is running
                 done.send_pyobj(_flush(engine, w))
+                remeasure()
                 continue
             try:
-                # What it computes if it ran now: its tree less what it resumes.
-                waiting.put(w, engine.round_size(w.state, w.size or request_size(w.prompts, w.field)), w.field)
+                waiting.put(w, measure(w), w.field)
             except RequestError as e:
-                done.send_pyobj(ScoreDone(w.rid, error=e.message, error_field=e.field))
-        if engine.cache is not None:
-            # The last round may have left (or evicted) what a waiting request resumes.
-            for w, e in waiting.resize(lambda w: engine.round_size(w.state, w.size or request_size(w.prompts))):
                 done.send_pyobj(ScoreDone(w.rid, error=e.message, error_field=e.field))
         batch = waiting.next_round()
         if not batch:
@@ -97,13 +106,14 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
             result = engine.run_round([(w.prompts, w.labels) for w in batch])
             stats = engine.cache_stats()
             rs = result.stats
+            finish = time.perf_counter() - started - rs.plan_seconds - rs.forward_seconds
             for w, logprobs, stream, cached in zip(batch, result.answers, result.stream_tokens, result.resumed_tokens):
-                # As prompt_tokens, summed over the request's prompts: each one's first
-                # ``cached`` tokens came from the cache.
                 # Queued since the manager sent it (its socket's wait included): one
                 # machine's wall clock across the two processes.
-                stages = {"queue": max(0.0, started_at - w.sent), "plan": rs.plan_seconds, "forward": rs.forward_seconds,
-                          "finish": time.perf_counter() - started - rs.plan_seconds - rs.forward_seconds}
+                stages = {"queue": max(0.0, started_at - w.sent), "plan": rs.plan_seconds,
+                          "forward": rs.forward_seconds, "finish": finish}
+                # cached_tokens as prompt_tokens, summed over the request's prompts:
+                # each one's first ``cached`` tokens came from the cache.
                 done.send_pyobj(ScoreDone(w.rid, logprobs, stream, len(batch), cached * len(w.prompts), cache=stats,
                                           stages=stages))
         except Exception:
@@ -111,6 +121,7 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
             logger.error("round failed: %s", message)
             for w in batch:
                 done.send_pyobj(ScoreDone(w.rid, error="the round failed inside the engine"))
+        remeasure()
 
 
 def _flush(engine, work: FlushCache) -> FlushCacheDone:
