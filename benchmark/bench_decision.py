@@ -219,7 +219,7 @@ def prefill_alone(group):
 
     prompts, _ = group
     tree = build_prefix_tree([0] * len(prompts), prompts)
-    tokens = [t for seg in tree.segments for t in seg.tokens]
+    tokens = [int(t) for seg in tree.segments for t in seg.tokens]
     return [tokens], [[0]]
 
 

@@ -36,7 +36,7 @@ from bench_decision import WORKLOADS, model_config, requests_for  # noqa: E402
 
 from flide_ext import Engine  # noqa: E402
 from flide_ext.assets.random_checkpoints import random_model  # noqa: E402
-from flide_ext.runtime.graph_runner import parse_capacities  # noqa: E402
+from flide_ext.runtime.graph_capacities import parse_capacities  # noqa: E402
 
 
 def kernel_table(prof, cuda: bool) -> list[dict]:
@@ -56,39 +56,33 @@ def kernel_table(prof, cuda: bool) -> list[dict]:
     return sorted(rows, key=lambda r: -r["total_us"])
 
 
-def wall_breakdown(engine, group, runs: int = 30) -> dict:
-    """p50 wall times (ms) of one request through the graph runner: the whole
-    ``run_round``; the host part before the replay (planning, slots, padding,
-    kernel tables and their copy, timed by wrapping the runner's ``run`` up to
-    the replay); the replay alone; and the rest (readout: the labels' gather and
-    copy back, answers)."""
+def wall_breakdown(engine, group, runs: int = 30, setup=None) -> dict:
+    """p50 of one request's round through the engine (ms): the whole
+    ``run_round`` and its stages from the round's own
+    :class:`~flide_ext.runtime.round_result.RoundStats`: plan (cache match,
+    plan, pool rows), tables (padding, kernel tables and their copy), gpu (the
+    replay's span on the GPU, CUDA events), forward (tables, gpu and the
+    readout's gather and copy back), finish (checkpoints kept, which overlaps
+    the GPU, and eviction). ``setup()`` runs before each timed round, untimed
+    (an agent step's previous step, so that the round resumes from what a real
+    step does, not from its own state cached by the run before)."""
     import statistics
     import time
 
-    runner = engine.graphs
-    marks: dict = {}
-    replay = torch.cuda.CUDAGraph.replay
-
-    def timed_replay(graph):
-        marks["replay_at"] = time.perf_counter()
-        replay(graph)
-        torch.cuda.synchronize()
-        marks["replayed_at"] = time.perf_counter()
-
     rows = []
-    torch.cuda.CUDAGraph.replay = timed_replay
-    try:
-        for _ in range(runs):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            engine.run_round(group)
-            t1 = time.perf_counter()
-            rows.append((1e3 * (t1 - t0), 1e3 * (marks["replay_at"] - t0), runner.last_host_ms,
-                         1e3 * (marks["replayed_at"] - marks["replay_at"]), 1e3 * (t1 - marks["replayed_at"])))
-    finally:
-        torch.cuda.CUDAGraph.replay = replay
-    keys = ("request_ms", "host_ms", "tables_ms", "replay_ms", "readout_ms")
-    return {"runs": runs, **{k: statistics.median(r[i] for r in rows) for i, k in enumerate(keys)}}
+    for _ in range(runs):
+        if setup is not None:
+            setup()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        result = engine.run_round(group)
+        wall = time.perf_counter() - t0
+        st = result.stats
+        rows.append((wall, st.plan_seconds, st.tables_seconds, st.gpu_seconds, st.forward_seconds,
+                     st.finish_seconds))
+    keys = ("request_ms", "plan_ms", "tables_ms", "gpu_ms", "forward_ms", "finish_ms")
+    return {"runs": runs, "stream_tokens": result.stats.stream_tokens, "graph": str(result.graph),
+            **{k: 1e3 * statistics.median(r[i] for r in rows) for i, k in enumerate(keys)}}
 
 
 def op_table(prof) -> list[dict]:
@@ -172,11 +166,16 @@ def main(argv=None) -> int:
           f"{sum(r['calls'] for r in rows)} calls, {total / 1e3:.2f} ms in all")
     for r in rows[: args.top]:
         print(f"{r['total_us'] / 1e3:9.3f} ms {r['calls']:6d}x  {r['kernel'][:100]}")
-    breakdown = wall_breakdown(engine, groups[1:2]) if cuda and graph is not None else None
+    setup = None
+    if args.agent:
+        def setup():  # the step before, cold: it leaves the checkpoint the profiled step resumes from
+            engine.flush_cache()
+            engine.run_round(groups[:1])
+    breakdown = wall_breakdown(engine, groups[1:2], setup=setup) if cuda else None
     if breakdown:
-        print("one request's wall time, p50 of {runs}: {request_ms:.2f} ms = plan, tables and copy "
-              "{host_ms:.2f} (of which padding, tables and one copy {tables_ms:.2f}) + graph replay "
-              "{replay_ms:.2f} + readout {readout_ms:.2f}".format(**breakdown))
+        print("one request's round, p50 of {runs} ({stream_tokens} stream tokens, graph {graph}): {request_ms:.2f} ms"
+              " = plan {plan_ms:.2f} + forward {forward_ms:.2f} (tables {tables_ms:.2f}, GPU {gpu_ms:.2f}) + finish "
+              "{finish_ms:.2f}".format(**breakdown))
     ops = op_table(prof) if cuda and graph is None else []
     if ops:
         print("by operator (eager):")

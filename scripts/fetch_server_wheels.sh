@@ -37,7 +37,7 @@ fetch .whl-sglang sglang==0.5.23
 fetch .whl-server \
     fastapi==0.165.0 annotated-doc==0.0.7 starlette==1.10.0 uvicorn==0.54.0 pyzmq==27.3.0 \
     pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
-    orjson==3.13.0 msgspec==0.23.0 pybase64==1.5.1 \
+    orjson==3.13.0 msgspec==0.23.0 pybase64==1.5.1 httptools==0.9.0 \
     openai==2.8.0 distro==1.9.0 jiter==0.19.0 sniffio==1.3.1 partial-json-parser==0.2.1.1.post7 \
     compressed-tensors==0.18.0 gguf==0.19.0 dill==0.4.1 setproctitle==1.3.8 python-multipart==0.0.34 \
     jsonschema==4.26.0 referencing==0.37.0 rpds-py==2026.9.1 jsonschema-specifications==2025.9.1 \

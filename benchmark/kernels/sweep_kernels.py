@@ -214,7 +214,8 @@ def states_vs_fla(rows):
 
 def sweep_conv(rows):
     import flide_ext.kernels.causal_conv1d.kernel as cct
-    from flide_ext.runtime.graph_runner import GraphCapacity, TableSpec
+    from flide_ext.runtime.graph_capacities import GraphCapacity
+    from flide_ext.runtime.graph_runner import TableSpec
     from flide_ext.runtime.round_buffers import device_round
 
     C, stacked = 8192, 8256  # q/k/v channels of the qkv + b + a projection

@@ -25,6 +25,8 @@
 #               run the workloads into /tmp/bench/flide (packed into $OUT/flide.tar.gz), stop it
 #   sglang      start SGLang 0.5.17 with --launch (launch.sh PARTS MODEL PORT), the same, into .../sglang
 #   compare     benchmark/serving/compare.py for every workload both engines ran
+#   sweep       benchmark/sweep_agent_graphs.py in process (no server may hold the GPU): an agent step under
+#               each graph capacity set of $SWEEP ("START:GROWTH=SET;SET;... ...") -> $OUT/sweep.tar.gz
 #   profile     benchmark/profile_round.py in process (no server may hold the GPU): an agent step resumed from
 #               the state cache at 8,000 + 400 and at 1,500 + 200 tokens, kernels by device time -> $OUT/profile.tar.gz
 # Back in $OUT: flide.tar.gz / sglang.tar.gz / compare.tar.gz (each run's NAME.json, .md, .png, .log),
@@ -82,7 +84,7 @@ while [ $# -gt 0 ]; do
         --sglang-flags) SGLANG_FLAGS=$2; shift 2 ;;
         --port) PORT=$2; shift 2 ;;
         --keep-server) KEEP=1; shift ;;
-        checkpoint|flide|sglang|compare|profile) STEPS+=("$1"); shift ;;
+        checkpoint|flide|sglang|compare|profile|sweep) STEPS+=("$1"); shift ;;
         *) echo "run_h200.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -223,6 +225,22 @@ step_profile() {
         grep -v "^\[\|^STAGE\|^ERROR" "$RESULTS/profile/agent_${shape/:/_}.log" | tail -n 14
     done
     tar -czf "$OUT/profile.tar.gz" -C "$RESULTS" profile
+    return $rc
+}
+
+step_sweep() {
+    flide_env
+    local item shape rc=0 sweeps=${SWEEP:-"1500:200=640:20:4;640:12:3;576:12:3;576:20:4 8000:400=768:24:4;768:12:3;768:24:3"}
+    mkdir -p "$RESULTS/sweep"
+    for item in $sweeps; do
+        shape=${item%%=*}
+        log "sweep_agent_graphs.py --agent $shape --sets ${item#*=}"
+        (cd /tmp && timeout 280 python3 "$REPO/benchmark/sweep_agent_graphs.py" --model "$SHAPE" --agent "$shape" \
+            --sets "${item#*=}" --out "$RESULTS/sweep/agent_${shape/:/_}.json") \
+            > "$RESULTS/sweep/agent_${shape/:/_}.log" 2>&1 || rc=1
+        grep -v "^\[\|^STAGE\|^ERROR" "$RESULTS/sweep/agent_${shape/:/_}.log" | tail -n 8
+        tar -czf "$OUT/sweep.tar.gz" -C "$RESULTS" sweep
+    done
     return $rc
 }
 

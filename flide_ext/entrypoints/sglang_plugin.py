@@ -92,6 +92,7 @@ def serve_args(args: argparse.Namespace):
         served_model_name=args.served_model_name,
         **_capacity(args),
         **_cache(args),
+        **{name: getattr(args, name) for name in ("log_level", "log_level_http") if getattr(args, name, None)},
     )
 
 

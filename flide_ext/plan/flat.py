@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
+import numpy as np
 import torch
 
 from .tree import PrefixTree, build_prefix_tree
@@ -203,25 +204,29 @@ def plan_round(
 
     S = len(tree.segments)
     virtual_index = {r: S + i for i, r in enumerate(sorted(resume))}
-    starts, ids, positions, token_segment = [], [], [], []
-    parent, logical, depth = [], [], []
+    starts, parent, logical, depth, seg_len = [], [], [], [], []
     offset = 0
     for index, seg in enumerate(tree.segments):
         base = resume[seg.request].length if seg.request in resume else 0
         n = len(seg.tokens)
         starts.append(offset)
-        ids.extend(seg.tokens)
-        positions.extend(range(base + seg.logical_start, base + seg.logical_start + n))
-        token_segment.extend([index] * n)
+        seg_len.append(n)
         parent.append(seg.parent if seg.parent >= 0 else virtual_index.get(seg.request, -1))
         logical.append(base + seg.logical_start)
         depth.append(seg.depth)
         offset += n
-    seg_len = [len(s.tokens) for s in tree.segments]
+    # Per-token arrays in numpy: a long resumed prefix's key positions are
+    # thousands of rows, too many to build as Python lists each round.
+    lengths = np.asarray(seg_len, dtype=np.int64)
+    token_segment = np.repeat(np.arange(S, dtype=np.int64), lengths)
+    row_starts = np.asarray(starts, dtype=np.int64)
+    positions = np.arange(offset, dtype=np.int64) - row_starts[token_segment] \
+        + np.asarray(logical, dtype=np.int64)[token_segment]
+    ids = np.concatenate([seg.tokens for seg in tree.segments]) if S else np.zeros(0, np.int64)
     kv_start = [num_prefix + s for s in starts]
     kv_len = list(seg_len)
     request = [s.request for s in tree.segments]
-    kv_positions = [0] * num_prefix
+    kv_positions = np.zeros(num_prefix + offset, dtype=np.int64)
     for r in sorted(resume):
         c = resume[r]
         starts.append(offset)
@@ -232,14 +237,16 @@ def plan_round(
         logical.append(0)
         depth.append(-1)
         request.append(r)
-        kv_positions[c.kv_start : c.kv_start + c.length] = range(c.length)
-    kv_positions += positions
+        kv_positions[c.kv_start : c.kv_start + c.length] = np.arange(c.length)
+    kv_positions[num_prefix:] = positions
 
     ends = [starts[s] + seg_len[s] - 1 for s in tree.readout_segment]
     rows = sorted(set(ends))
     row_index = {row: i for i, row in enumerate(rows)}
 
     def t(values):
+        if isinstance(values, np.ndarray):
+            return torch.from_numpy(values).to(device)
         return torch.tensor(values, dtype=torch.long, device=device)
 
     by_depth: dict[int, list[int]] = {}

@@ -34,7 +34,7 @@ class Segment:
     Attributes:
         request: index of the request the segment belongs to.
         parent: index of the parent segment in ``PrefixTree.segments``, -1 for a root.
-        tokens: the segment's token ids.
+        tokens: ``[n]`` int64 the segment's token ids (a view of its prompt's array).
         logical_start: logical position of the first token (its index in every
             prompt that passes through this segment).
         depth: 0 for a root, parent's depth + 1 otherwise.
@@ -42,7 +42,7 @@ class Segment:
 
     request: int
     parent: int
-    tokens: list[int]
+    tokens: np.ndarray
     logical_start: int
     depth: int
 
@@ -128,7 +128,7 @@ def build_prefix_tree(requests: Sequence[int], prompts: Sequence[Sequence[int]])
             length = common_prefix([arrays[i] for i in items], start)
         end = start + length
         index = len(built)
-        built.append(Segment(r, parent, arrays[items[0]][start:end].tolist(), start, depth))
+        built.append(Segment(r, parent, arrays[items[0]][start:end], start, depth))
         rest = []
         for i in items:
             if len(arrays[i]) == end:

@@ -25,7 +25,7 @@ from ..protocol.token_requests import TokenAnswer, TokenRequest, check_token_req
 from .capacity import RequestSize, RoundCapacity
 from .checkpoints import CacheRound, keep_checkpoints, plan_cache, plan_with_cuts, round_size
 from .state_cache import StateCache
-from .graph_runner import GraphCapacity
+from .graph_capacities import GraphCapacity
 from .model_runner import ModelRunner, parse_dtype
 from .round_result import BatchAnswers, RoundResult, RoundStats, round_result
 from .rounds import RoundQueue, request_size
@@ -73,13 +73,11 @@ class Engine:
             (:class:`~flide_ext.runtime.rounds.RoundCapacity`); the batch methods
             split their requests into rounds within it and refuse a request no
             round can hold.
-        cuda_graphs: ``"flat"`` (CUDA graphs over a few stream capacities,
-            captured at start), ``"per_shape"`` (one graph per round shape,
-            captured when first seen) or ``"off"``
-            (:mod:`~flide_ext.runtime.graph_runner`); default ``"flat"`` on CUDA.
-            Only ``"off"`` is possible on the CPU.
+        cuda_graphs: ``"flat"``, ``"per_shape"`` or ``"off"``
+            (:mod:`~flide_ext.runtime.graph_runner`); default ``"flat"`` on CUDA,
+            only ``"off"`` on the CPU.
         graph_capacities: the flat graphs' capacities (default
-            :func:`~flide_ext.runtime.graph_runner.default_capacities` of the round capacity).
+            :func:`~flide_ext.runtime.graph_capacities.default_capacities` of the round capacity).
 
     Raises:
         ModelLoadError: the model cannot be found or loaded, or the device does not exist.
@@ -214,10 +212,12 @@ class Engine:
             slots = self.runner.assign_slots(plan)
             planned = time.perf_counter()
             logprobs, graph = self.runner.forward(plan)  # [>= R, vocab] on the device
+            launched = time.perf_counter()
+            if cache is not None:  # host bookkeeping while the GPU computes the states it keeps
+                kept_rows, kept_segments, kept_tokens = keep_checkpoints(cache, plan, cached, stream_rows, slots)
+            keeping = time.perf_counter() - launched
             label_logprobs = self.runner.gather_labels(logprobs, readout, labels)
             forwarded = time.perf_counter()
-            if cache is not None:
-                kept_rows, kept_segments, kept_tokens = keep_checkpoints(cache, plan, cached, stream_rows, slots)
         finally:
             if stream_rows is not None:
                 self.runner.kv_pool.release(stream_rows[~np.isin(stream_rows, kept_rows)])
@@ -226,7 +226,9 @@ class Engine:
                 cache.unlock(cached.nodes)
                 cache.evict()  # back within the slot budget
 
-        seconds = (planned - started, forwarded - planned, time.perf_counter() - forwarded)
+        tables, gpu = self.runner.forward_times(graph)
+        seconds = (planned - started, forwarded - planned - keeping, time.perf_counter() - forwarded + keeping,
+                   tables, gpu)
         return round_result(n, requests, label_logprobs, prompts, plan,
                             [cached.resume[r].length if r in cached.resume else 0 for r in range(n)],
                             [kept_tokens.get(r, 0) for r in range(n)], graph, seconds)

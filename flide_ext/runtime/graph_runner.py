@@ -41,6 +41,7 @@ from ..kernels.fork_attention import tokens_per_block
 from ..kernels.gated_delta_rule import fla_available
 from ..kernels.tables import TableCapacity
 from ..plan.flat import FlatPlan, plan_round
+from .graph_capacities import GraphCapacity
 from .round_buffers import RoundBuffers, device_round
 
 logger = logging.getLogger(__name__)
@@ -51,89 +52,6 @@ MODES = ("flat", "per_shape", "off")
 LEVEL_PROGRAMS = 256
 # Graphs per_shape mode keeps (least recently used dropped first).
 PER_SHAPE_GRAPHS = 16
-
-
-@dataclass(frozen=True)
-class GraphCapacity:
-    """One graph's capacity.
-
-    Attributes:
-        tokens: stream rows.
-        segments: segments; also the readout rows (each readout row ends a segment).
-        levels: tree levels.
-    """
-
-    tokens: int
-    segments: int
-    levels: int = 4
-
-    def __post_init__(self):
-        for name in ("tokens", "segments", "levels"):
-            value = getattr(self, name)
-            if type(value) is not int or value < 1:
-                raise ValueError(f"graph capacity {name} must be a positive integer, not {value!r}")
-
-    @property
-    def tables(self) -> TableCapacity:
-        return TableCapacity(self.tokens, self.segments, self.levels)
-
-    def holds(self, tokens: int, segments: int, levels: int, readouts: int) -> bool:
-        return tokens <= self.tokens and segments <= self.segments and levels <= self.levels and readouts <= self.segments
-
-
-def parse_capacities(text: str, levels: int = 4) -> list[GraphCapacity]:
-    """``"512:32,4096:256:2"`` (``tokens:segments`` or ``tokens:segments:levels``,
-    comma separated; ``levels`` when an entry gives none) -> capacities.
-
-    Raises:
-        ValueError: naming the entry that is not two or three positive decimal integers.
-    """
-    if type(levels) is not int or levels < 1:
-        raise ValueError(f"graph capacity levels must be a positive integer, not {levels!r}")
-    out = []
-    for item in text.split(","):
-        parts = item.strip().split(":")
-        if len(parts) not in (2, 3) or not all(p.isascii() and p.isdigit() and int(p) > 0 for p in parts):
-            raise ValueError(f"graph capacity {item.strip()!r} is not tokens:segments[:levels] (positive integers)")
-        numbers = [int(p) for p in parts]
-        out.append(GraphCapacity(numbers[0], numbers[1], numbers[2] if len(numbers) == 3 else levels))
-    return out
-
-
-def default_capacities(tokens: int, segments: int, levels: int = 4, smallest: int = 256,
-                       step: float = 2 ** 0.25, lean_tokens: int = 2048, lean_levels: int = 2) -> list[GraphCapacity]:
-    """Token capacities from ``smallest`` to ``tokens``, each ``step`` times the
-    last (rounded up to 64 rows), each with a segment capacity of one per 32
-    tokens (at least 8, at most ``segments``); the largest equals the round
-    capacity, so every round that fits a round fits a graph. Up to
-    ``lean_tokens``, each token capacity also gets a *lean* graph: one segment
-    per 128 tokens (at least 2) and ``lean_levels`` levels, plus one segment
-    per level beyond 2 (with the state cache on, a state cut at a checkpoint
-    adds a level and a segment: ``lean_levels`` 3).
-
-    The segment capacity also sizes the GDN chunk table (a segment adds at most
-    one partial chunk), and fla-core's chunk kernels do a whole chunk's work for
-    each padding entry: one segment per 16 tokens made a RACE question's graph
-    run 5x its chunks. One per 32 still holds MultiRC's 31 segments per 1,050
-    tokens; a round with more segments replays a larger graph. A round of one
-    or a few requests with long questions (a single RACE question: one segment
-    in 465 tokens; four: five in 735) fits the lean graph, whose chunk table is
-    half as long (chunks plus segments: 8 + 4 against 8 + 16 at 512 tokens),
-    with two inter-chunk launches per GDN layer instead of four. Lean graphs
-    stop at ``lean_tokens`` to keep the capture short; larger rounds are
-    compute-bound on their own rows.
-
-    The step bounds the padding a round computes in vain (a 4B-sized model is
-    compute-bound from a few hundred tokens on, so padded rows cost time): at
-    most ``step - 1`` of its tokens, 19% by default, against 100% for doubling."""
-    out, t = [], min(smallest, tokens)
-    while t < tokens:
-        out.append(GraphCapacity(t, min(segments, max(8, t // 32)), levels))
-        if t <= lean_tokens:
-            out.append(GraphCapacity(t, min(segments, max(2, t // 128) + lean_levels - 2), min(levels, lean_levels)))
-        t = max(t + 64, -(-int(t * step) // 64) * 64)
-    out.append(GraphCapacity(tokens, segments, levels))
-    return sorted(set(out), key=lambda c: (c.tokens, c.segments, c.levels))
 
 
 @dataclass(frozen=True)
@@ -230,6 +148,7 @@ class GraphRunner:
         self.capture_log: list[float] = []
         self.replays = self.eager_rounds = self.eager_by_cost = self.captures = 0
         self.last_host_ms = 0.0  # host time of the last replayed round's tables and copy
+        self._events = None  # CUDA events around the last round's forward (its GPU time)
         self._keys = None
         if kv_pool is not None:
             # Key-array rows (pool row, logical position) of a graph round: any
@@ -381,7 +300,12 @@ class GraphRunner:
             else self._pick(plan)
         if capacity is None:
             self.eager_rounds += 1
-            return self.model(device_round(plan, self.spec, self.device), self.state_pool, self.kv_pool), None
+            self.last_host_ms = 0.0
+            device_plan = device_round(plan, self.spec, self.device)
+            self._mark(0)
+            logprobs = self.model(device_plan, self.state_pool, self.kv_pool)
+            self._mark(1)
+            return logprobs, None
         t0 = time.perf_counter()
         if self.mode == "per_shape":
             entry = self._shaped.get(capacity) or self._capture(capacity, self._shaped)
@@ -394,6 +318,24 @@ class GraphRunner:
         if self._keys is not None:
             self._write_keys(plan)
         self.last_host_ms = 1e3 * (time.perf_counter() - t0)
+        self._mark(0)
         entry.graph.replay()
+        self._mark(1)
         self.replays += 1
         return entry.output, capacity
+
+    def _mark(self, which: int) -> None:
+        if self.device.type != "cuda":
+            return
+        if self._events is None:
+            self._events = tuple(torch.cuda.Event(enable_timing=True) for _ in range(2))
+        self._events[which].record()
+
+    def last_gpu_ms(self) -> float:
+        """Milliseconds from the start to the end of the last round's forward on
+        the GPU's stream: a replay's kernels, or an eager forward's (its launch
+        gaps included); waits for it to end. 0.0 before any round."""
+        if self._events is None:
+            return 0.0
+        self._events[1].synchronize()
+        return self._events[0].elapsed_time(self._events[1])

@@ -19,7 +19,8 @@ from ..models.loader import load_model
 from ..plan.flat import FlatPlan
 from ..protocol.errors import ModelLoadError
 from .capacity import RoundCapacity
-from .graph_runner import MODES, GraphCapacity, GraphRunner, default_capacities
+from .graph_capacities import GraphCapacity, default_capacities
+from .graph_runner import MODES, GraphRunner
 from .kv_pool import KVPool
 from .state_pool import StatePool
 
@@ -110,7 +111,7 @@ class ModelRunner:
         cuda_graphs: ``"flat"``, ``"per_shape"`` or ``"off"``
             (:mod:`~flide_ext.runtime.graph_runner`); default ``"flat"`` on CUDA.
         graph_capacities: the flat graphs' capacities (default
-            :func:`~flide_ext.runtime.graph_runner.default_capacities` of the round capacity).
+            :func:`~flide_ext.runtime.graph_capacities.default_capacities` of the round capacity).
 
     The kernel backend is decided here, once: the references when
     ``FLIDE_REFERENCE_KERNELS`` is set, else by device for a loaded model, and
@@ -239,6 +240,16 @@ class ModelRunner:
         if self.graphs is None:
             return self.model(plan, self.state_pool, self.kv_pool), None
         return self.graphs.run(plan)
+
+    def forward_times(self, graph) -> tuple[float, float]:
+        """``(tables, gpu)`` seconds of the last :meth:`forward`: the host's padding,
+        tables and copy of a replayed round (0 otherwise) and the forward's span on
+        the GPU (:meth:`~.graph_runner.GraphRunner.last_gpu_ms`); zeros without
+        graphs (CPU). Waits for the forward to end."""
+        if self.graphs is None:
+            return 0.0, 0.0
+        tables = self.graphs.last_host_ms / 1e3 if graph is not None else 0.0
+        return tables, self.graphs.last_gpu_ms() / 1e3
 
     @staticmethod
     def gather_labels(logprobs: torch.Tensor, rows: Sequence[int], labels: Sequence[Sequence[int]]) -> list:

@@ -25,7 +25,11 @@ class RoundStats:
         forward_seconds: the forward and the label gather, until the answers are
             on the host.
         finish_seconds: host time after it (checkpoints kept, rows released,
-            eviction).
+            eviction; keeping checkpoints overlaps the forward on the GPU).
+        tables_seconds: of the forward, the host's padding, kernel tables and
+            their copy to the device (replayed rounds; 0 when eager or on the CPU).
+        gpu_seconds: of the forward, its span on the GPU (CUDA events around a
+            graph replay or an eager forward; 0 on the CPU).
     """
 
     requests: int = 0
@@ -38,6 +42,8 @@ class RoundStats:
     plan_seconds: float = 0.0
     forward_seconds: float = 0.0
     finish_seconds: float = 0.0
+    tables_seconds: float = 0.0
+    gpu_seconds: float = 0.0
 
     @property
     def tokens_saved(self) -> int:
@@ -53,6 +59,8 @@ class RoundStats:
             plan_seconds=self.plan_seconds + other.plan_seconds,
             forward_seconds=self.forward_seconds + other.forward_seconds,
             finish_seconds=self.finish_seconds + other.finish_seconds,
+            tables_seconds=self.tables_seconds + other.tables_seconds,
+            gpu_seconds=self.gpu_seconds + other.gpu_seconds,
         )
 
 
@@ -99,7 +107,8 @@ def round_result(n: int, requests: List[int], label_logprobs: list, prompts: lis
         resumed: per request, the state tokens it resumed.
         kept: per request, the tokens of the checkpoint it left (0: none).
         graph: the capacity replayed (None: eager).
-        seconds: ``(plan, forward, finish)`` seconds of the round.
+        seconds: ``(plan, forward, finish, tables, gpu)`` seconds of the round
+            (:class:`RoundStats`).
     """
     stream = [0] * n
     for seg in plan.tree.segments:
@@ -110,7 +119,7 @@ def round_result(n: int, requests: List[int], label_logprobs: list, prompts: lis
     stats = RoundStats(requests=n, questions=len(prompts), prompt_tokens=sum(len(p) for p in prompts),
                        stream_tokens=plan.num_tokens, segments=plan.num_segments, levels=plan.num_levels,
                        resumed_tokens=sum(resumed), plan_seconds=seconds[0], forward_seconds=seconds[1],
-                       finish_seconds=seconds[2])
+                       finish_seconds=seconds[2], tables_seconds=seconds[3], gpu_seconds=seconds[4])
     return RoundResult(answers, stream, resumed, kept, stats, [graph])
 
 

@@ -36,7 +36,8 @@ class ServeArgs:
     disable_radix_cache: bool = False
     state_cache_gb: Union[float, str, None] = None  # a number, or its text as given (checked by serve)
     mem_fraction_static: Union[float, str, None] = None
-    log_level: str = "warning"
+    log_level: str = "info"  # SGLang's: the scheduler logs each round at info
+    log_level_http: Optional[str] = None  # uvicorn's (access log at info); None: log_level
 
 
 def serve(args: ServeArgs) -> None:
@@ -87,7 +88,8 @@ def serve(args: ServeArgs) -> None:
     engine_kwargs = dict(model_path=path, dtype=args.dtype, device=args.device, context_length=args.context_length,
                          tokenizer_path=args.tokenizer_path, **graphs, **cache)
     scheduler = multiprocessing.get_context("spawn").Process(
-        target=run_scheduler, args=(engine_kwargs, work_addr, done_addr, capacity, fraction), daemon=True
+        target=run_scheduler, args=(engine_kwargs, work_addr, done_addr, capacity, fraction, args.log_level),
+        daemon=True
     )
     scheduler.start()
     ready = waiting.recv_pyobj()
@@ -111,7 +113,7 @@ def serve(args: ServeArgs) -> None:
                       stats.get("max_tokens", 0))
     app = build_app(manager, info, metrics)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level_http or args.log_level)
     finally:
         scheduler.terminate()
         shutil.rmtree(ipc, ignore_errors=True)
@@ -119,7 +121,8 @@ def serve(args: ServeArgs) -> None:
 
 def _graph_settings(args: ServeArgs) -> dict:
     # Checked here, before any process starts, so a bad flag is one line.
-    from ..runtime.graph_runner import MODES, parse_capacities
+    from ..runtime.graph_capacities import parse_capacities
+    from ..runtime.graph_runner import MODES
 
     out: dict = {}
     on_gpu = str(args.device).startswith("cuda")

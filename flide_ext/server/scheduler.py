@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 
 def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity: RoundCapacity = RoundCapacity(),
-                  mem_fraction_static: Optional[float] = None) -> None:
+                  mem_fraction_static: Optional[float] = None, log_level: str = "warning") -> None:
     """Process entry point: load the model, then serve rounds forever.
 
     Args:
@@ -48,7 +48,10 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
             answered with the error (HTTP 400 naming its field), not run.
         mem_fraction_static: size the state cache from this fraction of the GPU's
             memory (:func:`~.cache_args.fraction_budget`), here, where the GPU is.
+        log_level: this process's log level; at ``info`` each round is logged
+            (:func:`log_round`), as SGLang logs its batches.
     """
+    _configure_logging(log_level)
     context = zmq.Context()
     work = context.socket(zmq.PULL)
     work.bind(work_addr)
@@ -116,12 +119,38 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
                 # each one's first ``cached`` tokens came from the cache.
                 done.send_pyobj(ScoreDone(w.rid, logprobs, stream, len(batch), cached * len(w.prompts), cache=stats,
                                           stages=stages))
+            log_round(result, finish, len(waiting))  # once the answers are on their way
         except Exception:
             message = traceback.format_exc(limit=3)
             logger.error("round failed: %s", message)
             for w in batch:
                 done.send_pyobj(ScoreDone(w.rid, error="the round failed inside the engine"))
         remeasure()
+
+
+def _configure_logging(level: str) -> None:
+    # Flide's own loggers, whatever the launcher (SGLang's included) did to the root logger.
+    package = logging.getLogger("flide_ext")
+    package.setLevel(level.upper())
+    if not package.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%Y-%m-%d %H:%M:%S"))
+        package.addHandler(handler)
+    package.propagate = False
+
+
+def log_round(result, finish: float, waiting: int) -> None:
+    """One line per round at info: its requests, questions, stream and resumed
+    tokens, the graph it replayed (tokens x segments x levels, or eager), and
+    its stages in ms (the forward's host tables and GPU span among them)."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    rs, graph = result.stats, result.graph
+    shape = f"{graph.tokens}x{graph.segments}x{graph.levels}" if graph is not None else "eager"
+    logger.info("Decision round. #req: %d, #question: %d, #stream-token: %d, #cached-token: %d, graph: %s, "
+                "plan: %.2f ms, tables: %.2f ms, gpu: %.2f ms, forward: %.2f ms, finish: %.2f ms, #queue-req: %d",
+                rs.requests, rs.questions, rs.stream_tokens, rs.resumed_tokens, shape, 1e3 * rs.plan_seconds,
+                1e3 * rs.tables_seconds, 1e3 * rs.gpu_seconds, 1e3 * rs.forward_seconds, 1e3 * finish, waiting)
 
 
 def _flush(engine, work: FlushCache) -> FlushCacheDone:

@@ -16,13 +16,8 @@ from flide_ext.kernels.causal_conv1d.kernel import causal_conv1d_tree_triton
 from flide_ext.kernels.fork_attention.kernel import _build_metadata
 from flide_ext.kernels.tables import TableCapacity, build_tables, conv_history
 from flide_ext.plan.flat import Resume, plan_round
-from flide_ext.runtime.graph_runner import (
-    GraphCapacity,
-    GraphRunner,
-    TableSpec,
-    default_capacities,
-    parse_capacities,
-)
+from flide_ext.runtime.graph_capacities import GraphCapacity, default_capacities, parse_capacities
+from flide_ext.runtime.graph_runner import GraphRunner, TableSpec
 from flide_ext.runtime.round_buffers import RoundBuffers, device_round, pad_plan
 from test.helpers.plans import keep_parent_states
 
@@ -263,8 +258,14 @@ def test_capacities():
     # pads at most ~19% of its tokens.
     assert all(b <= a * 2**0.25 + 64 and b > a for a, b in zip(tokens, tokens[1:]))
     assert all(t % 64 == 0 for t in tokens) and 25 <= len(full) <= 40
+    # Up to 2,048 tokens each at most 2**(1/8) times the last: an agent step
+    # resumed from the state cache (536 tokens in 13 segments, 3 levels, 10
+    # readouts) pads to 576 rows, not 640.
+    small = [t for t in tokens if t <= 2048]
+    assert all(b <= a * 2**0.125 + 64 for a, b in zip(small, small[1:]))
+    assert pick(536, 13, 3, 10) == GraphCapacity(576, 18)
     assert all(c.segments <= 4096 for c in caps)
-    assert [c.tokens for c in default_capacities(65536, 4096, step=2.0, lean_tokens=0)] == [256 * 2**i for i in range(9)]
+    assert [c.tokens for c in default_capacities(65536, 4096, step=2.0, lean_tokens=0, fine_tokens=0)] == [256 * 2**i for i in range(9)]
     assert default_capacities(100, 5) == [GraphCapacity(100, 5)]
     assert parse_capacities("512:32, 4096:256", levels=3) == [GraphCapacity(512, 32, 3), GraphCapacity(4096, 256, 3)]
     assert parse_capacities("512:32:2,1024:64") == [GraphCapacity(512, 32, 2), GraphCapacity(1024, 64, 4)]

@@ -1,0 +1,97 @@
+"""The flat CUDA graphs' capacities: what one graph holds, which graphs are
+captured at start (:func:`default_capacities`), and the ``--graph-capacities``
+syntax (:func:`parse_capacities`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..kernels.tables import TableCapacity
+
+
+@dataclass(frozen=True)
+class GraphCapacity:
+    """One graph's capacity.
+
+    Attributes:
+        tokens: stream rows.
+        segments: segments; also the readout rows (each readout row ends a segment).
+        levels: tree levels.
+    """
+
+    tokens: int
+    segments: int
+    levels: int = 4
+
+    def __post_init__(self):
+        for name in ("tokens", "segments", "levels"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"graph capacity {name} must be a positive integer, not {value!r}")
+
+    @property
+    def tables(self) -> TableCapacity:
+        return TableCapacity(self.tokens, self.segments, self.levels)
+
+    def holds(self, tokens: int, segments: int, levels: int, readouts: int) -> bool:
+        return tokens <= self.tokens and segments <= self.segments and levels <= self.levels and readouts <= self.segments
+
+
+def parse_capacities(text: str, levels: int = 4) -> list[GraphCapacity]:
+    """``"512:32,4096:256:2"`` (``tokens:segments`` or ``tokens:segments:levels``,
+    comma separated; ``levels`` when an entry gives none) -> capacities.
+
+    Raises:
+        ValueError: naming the entry that is not two or three positive decimal integers.
+    """
+    if type(levels) is not int or levels < 1:
+        raise ValueError(f"graph capacity levels must be a positive integer, not {levels!r}")
+    out = []
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        if len(parts) not in (2, 3) or not all(p.isascii() and p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"graph capacity {item.strip()!r} is not tokens:segments[:levels] (positive integers)")
+        numbers = [int(p) for p in parts]
+        out.append(GraphCapacity(numbers[0], numbers[1], numbers[2] if len(numbers) == 3 else levels))
+    return out
+
+
+def default_capacities(tokens: int, segments: int, levels: int = 4, smallest: int = 256,
+                       step: float = 2 ** 0.25, lean_tokens: int = 2048, lean_levels: int = 2,
+                       fine_step: float = 2 ** 0.125, fine_tokens: int = 2048) -> list[GraphCapacity]:
+    """Token capacities from ``smallest`` to ``tokens``, each ``fine_step`` times
+    the last up to ``fine_tokens`` and ``step`` times beyond (rounded up to 64
+    rows), each with a segment capacity of one per 32
+    tokens (at least 8, at most ``segments``); the largest equals the round
+    capacity, so every round that fits a round fits a graph. Up to
+    ``lean_tokens``, each token capacity also gets a *lean* graph: one segment
+    per 128 tokens (at least 2) and ``lean_levels`` levels, plus one segment
+    per level beyond 2 (with the state cache on, a state cut at a checkpoint
+    adds a level and a segment: ``lean_levels`` 3).
+
+    The segment capacity also sizes the GDN chunk table (a segment adds at most
+    one partial chunk), and fla-core's chunk kernels do a whole chunk's work for
+    each padding entry: one segment per 16 tokens made a RACE question's graph
+    run 5x its chunks. One per 32 still holds MultiRC's 31 segments per 1,050
+    tokens; a round with more segments replays a larger graph. A round of one
+    or a few requests with long questions (a single RACE question: one segment
+    in 465 tokens; four: five in 735) fits the lean graph, whose chunk table is
+    half as long (chunks plus segments: 8 + 4 against 8 + 16 at 512 tokens),
+    with two inter-chunk launches per GDN layer instead of four. Lean graphs
+    stop at ``lean_tokens`` to keep the capture short; larger rounds are
+    compute-bound on their own rows.
+
+    The steps bound the padding a round computes in vain (a 4B-sized model is
+    compute-bound from a few hundred tokens on, so padded rows cost time): at
+    most ``fine_step - 1`` of its tokens up to ``fine_tokens`` (9% by default:
+    a step of an agent resumed from the state cache computes a few hundred
+    tokens, and every one of them counts in its latency) and ``step - 1``
+    beyond (19%), against 100% for doubling."""
+    out, t = [], min(smallest, tokens)
+    while t < tokens:
+        out.append(GraphCapacity(t, min(segments, max(8, t // 32)), levels))
+        if t <= lean_tokens:
+            out.append(GraphCapacity(t, min(segments, max(2, t // 128) + lean_levels - 2), min(levels, lean_levels)))
+        t = max(t + 64, -(-int(t * (fine_step if t <= fine_tokens else step)) // 64) * 64)
+    out.append(GraphCapacity(tokens, segments, levels))
+    return sorted(set(out), key=lambda c: (c.tokens, c.segments, c.levels))
