@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from test.helpers import ROOT
+from test.helpers.processes import main_in_process
 
 SCRIPT = ROOT / "benchmark" / "bench_decision.py"
 
@@ -34,11 +35,26 @@ def test_bench_decision_runs_every_method(tmp_path):
 
 
 def test_bench_decision_bad_arguments():
-    for args in (["--models", "gpt-5"], ["--concurrency", "0"], ["--scale", "2"], ["--device", "meta"],
-                 ["--out", "/no/such/dir/x.jsonl"], ["--plot", "/no/such/dir/x.png"]):
-        run = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", *args], capture_output=True, text=True,
-                             timeout=300)
+    cases = (["--models", "gpt-5"], ["--concurrency", "0"], ["--scale", "2"], ["--device", "meta"],
+             ["--out", "/no/such/dir/x.jsonl"], ["--plot", "/no/such/dir/x.png"])
+    run = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", *cases[0]], capture_output=True, text=True,
+                         timeout=300)  # as a user runs it
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, (cases[0], run.stderr)
+    main = _script_main("bench_decision")
+    for args in cases[1:]:
+        run = main_in_process(main, "--device", "cpu", *args)
         assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, (args, run.stderr)
+
+
+def _script_main(name: str):
+    # A benchmark script's main(), imported as its own directory's module (as it imports its siblings).
+    import importlib
+
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    try:
+        return importlib.import_module(name).main
+    finally:
+        sys.path.remove(str(ROOT / "benchmark"))
 
 
 def test_profile_round_smoke(tmp_path):
@@ -52,8 +68,7 @@ def test_profile_round_smoke(tmp_path):
     assert report["stream_tokens"] > 0 and report["kernels"][0]["total_us"] > 0
     times = [k["total_us"] for k in report["kernels"]]
     assert times == sorted(times, reverse=True)
-    bad = subprocess.run([sys.executable, str(script), "--model", "gpt-5", "--device", "cpu"], capture_output=True,
-                         text=True, timeout=300)
+    bad = main_in_process(_script_main("profile_round"), "--model", "gpt-5", "--device", "cpu")
     assert bad.returncode == 2 and "unknown model" in bad.stderr
     # An agent step resumed from the state cache: only the new history and criteria are computed.
     agent = subprocess.run([sys.executable, str(script), "--model", "tiny-qwen3.5", "--device", "cpu", "--dtype",
@@ -65,6 +80,5 @@ def test_profile_round_smoke(tmp_path):
     # Step 2: a 340-token history (256 resumed) and 10 criteria of 30 tokens, some of
     # which may share first tokens (a small vocabulary) and be merged.
     assert report["workload"] == "agent 200+70" and 300 < report["stream_tokens"] <= 340 - 256 + 10 * 30
-    bad = subprocess.run([sys.executable, str(script), "--model", "tiny-qwen3.5", "--device", "cpu", "--agent", "8k"],
-                         capture_output=True, text=True, timeout=300)
+    bad = main_in_process(_script_main("profile_round"), "--model", "tiny-qwen3.5", "--device", "cpu", "--agent", "8k")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--agent" in bad.stderr

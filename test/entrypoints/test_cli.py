@@ -6,7 +6,8 @@ import json
 import re
 
 from test.helpers.decisions import EXAMPLE_DECISIONS
-from test.helpers.processes import flide
+from flide_ext.entrypoints.cli import main as flide_main
+from test.helpers.processes import flide, main_in_process
 
 
 def test_main_job_on_the_bundled_examples(tmp_path, smollm2_engine):
@@ -88,9 +89,11 @@ def test_failed_start_leaves_the_output_alone(tmp_path, char_model_dir):
     src, dst = tmp_path / "in.jsonl", tmp_path / "old.jsonl"
     src.write_text("{}\n")
     dst.write_text("keep me\n")
-    for args in (["--model", str(tmp_path / "nope")], ["--model", str(char_model_dir), "--device", "bogus"],
-                 ["--model", str(char_model_dir), "--context-length", "-5"]):
-        run = flide("decide", *args, "--input", str(src), "--output", str(dst))
+    cases = (["--model", str(tmp_path / "nope")], ["--model", str(char_model_dir), "--device", "bogus"],
+             ["--model", str(char_model_dir), "--context-length", "-5"])
+    for i, args in enumerate(cases):  # the first as a user runs it, the others in process
+        run = (flide if i == 0 else lambda *a: main_in_process(flide_main, *a))(
+            "decide", *args, "--input", str(src), "--output", str(dst))
         assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
     assert dst.read_text() == "keep me\n"
     (tmp_path / "latin1.jsonl").write_bytes(b"\xff\xfe{}")
@@ -106,6 +109,7 @@ def test_serve_refuses_bad_graph_flags_in_one_line(char_model_dir):
              (["--device", "cuda", "--graph-capacities", "512:0"], "tokens:segments"),
              (["--device", "cpu", "--graph-capacities", "512:32"], "only applies with flat CUDA graphs"),
              (["--device", "cuda", "--cuda-graphs", "off", "--graph-capacities", "512:32"], "--cuda-graphs off")]
-    for extra, message in cases:
-        run = flide("serve", "--model-path", str(char_model_dir), "--port", "0", *extra)
+    for i, (extra, message) in enumerate(cases):  # the first as a user runs it, the others in process
+        run = (flide if i == 0 else lambda *a: main_in_process(flide_main, *a))(
+            "serve", "--model-path", str(char_model_dir), "--port", "0", *extra)
         assert run.returncode == 2 and run.stderr.count("\n") == 1 and message in run.stderr, run.stderr

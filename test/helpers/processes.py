@@ -25,6 +25,23 @@ def flide(*args, cwd=None):
     )
 
 
+def main_in_process(main, *args) -> subprocess.CompletedProcess:
+    """``main(list(args))`` (a CLI's entry point) in this process, as a finished
+    process: its return code and what it wrote to stdout and stderr. The
+    refusals' one-line contract is checked once per CLI in a real subprocess;
+    its other cases run here, without another interpreter's start."""
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse's refusals
+            code = e.code if isinstance(e.code, int) else 2
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

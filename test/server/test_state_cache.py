@@ -16,7 +16,8 @@ from flide_ext.server.cache_args import GIB, RESERVE_BYTES, cache_settings, frac
 from flide_ext.server.io_struct import FlushCache
 from flide_ext.server.scheduler import _flush
 from test.helpers.decisions import choice
-from test.helpers.processes import quiet_env, serving
+from flide_ext.entrypoints.cli import main as flide_main
+from test.helpers.processes import main_in_process, quiet_env, serving
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +55,6 @@ def test_bad_state_cache_gb_exits_in_one_line(char_model_dir):
     flide = [sys.executable, "-m", "flide_ext.entrypoints.cli", "serve"]
     sglang = [sys.executable, "-m", "sglang.launch_server", "--decision-mode", "--device", "cpu"]
     cases = [(flide, "0", "flide: error: --state-cache-gb 0 must be a positive number"),
-             (flide, "-1.5", "flide: error: --state-cache-gb -1.5 must be a positive number"),
-             (flide, "lots", "flide: error: --state-cache-gb 'lots' is not a number"),
              (sglang, "0", "--decision-mode: --state-cache-gb 0 must be a positive number")]
     procs = [subprocess.Popen([*command, "--model-path", str(char_model_dir), "--port", "0", "--state-cache-gb", value],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=quiet_env())
@@ -63,6 +62,12 @@ def test_bad_state_cache_gb_exits_in_one_line(char_model_dir):
     for (_, _, message), proc in zip(cases, procs):
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 2 and err.count("\n") == 1 and err.startswith(message), err
+    # The other values through the same entry point, in this process.
+    for value, message in (("-1.5", "flide: error: --state-cache-gb -1.5 must be a positive number"),
+                           ("lots", "flide: error: --state-cache-gb 'lots' is not a number")):
+        run = main_in_process(flide_main, "serve", "--model-path", str(char_model_dir), "--port", "0",
+                              "--state-cache-gb", value)
+        assert run.returncode == 2 and run.stderr.count("\n") == 1 and run.stderr.startswith(message), run.stderr
 
 
 def test_cache_settings():
