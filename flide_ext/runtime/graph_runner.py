@@ -171,7 +171,11 @@ class GraphRunner:
         device, host = self._keys
         host[0, :n].copy_(plan.kv_index)
         host[1, :n].copy_(plan.kv_positions)
-        device[:, :n].copy_(host[:, :n], non_blocking=device.device.type == "cuda")
+        # Row by row: each slice is contiguous, one asynchronous copy from pinned
+        # memory; a [2, n] slice of the [2, size] buffers is strided, which torch
+        # first copies into a new contiguous host tensor, not pinned.
+        for row in range(2):
+            device[row, :n].copy_(host[row, :n], non_blocking=device.device.type == "cuda")
 
     def _generation(self):
         return getattr(self.state_pool, "generation", 0)
