@@ -44,19 +44,21 @@ def main(argv=None) -> int:
     parser.add_argument("--cache-gb", type=float, default=4.0, help="each engine's state cache (GiB)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("sweep_agent_graphs.py: needs a CUDA device", file=sys.stderr)
-        return 2
     try:
         start, growth = (int(x) for x in args.agent.split(":"))
         shape = AgentShape(start=start, growth=growth, steps=3)
         sets = [parse_capacities(text) for text in args.sets.split(";")]
         config = model_config(args.model)
+        trajectory = [agent_steps(shape, config.vocab_size)]  # checks the shape
+        if args.runs < 1 or not 0 < args.cache_gb < float("inf"):
+            raise ValueError(f"--runs {args.runs} must be >= 1 and --cache-gb {args.cache_gb} a positive number")
     except (ValueError, KeyError) as err:
         print(f"sweep_agent_graphs.py: {err}", file=sys.stderr)
         return 2
+    if not torch.cuda.is_available():
+        print("sweep_agent_graphs.py: needs a CUDA device", file=sys.stderr)
+        return 2
     model = random_model(config, torch.bfloat16, torch.device("cuda"), seed=0)
-    trajectory = [agent_steps(shape, config.vocab_size)]
     groups = [step_groups(trajectory, step, label_ids(shape))[0] for step in range(1, 3)]
     rows, first, same = [], None, True
     for text, capacities in zip(args.sets.split(";"), sets):

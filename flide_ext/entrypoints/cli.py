@@ -232,11 +232,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--mem-fraction-static", metavar="F",
                        help="size the state cache as F of the GPU's memory, less the weights and an 8 GiB reserve "
                        "(SGLang's flag; --state-cache-gb wins)")
-    levels = ["debug", "info", "warning", "error", "critical"]
-    serve.add_argument("--log-level", choices=levels,
-                       help=f"the server's log level; info logs every round (default: {served.log_level})")
-    serve.add_argument("--log-level-http", choices=levels,
-                       help="the HTTP server's log level, its access log at info (default: --log-level)")
+    # Checked by serve (one line, exit 2), not by argparse's choices (its usage block).
+    serve.add_argument("--log-level", help=f"the server's log level: debug, info (every round logged), warning, "
+                       f"error or critical (default: {served.log_level})")
+    serve.add_argument("--log-level-http",
+                       help="uvicorn's log level, its access log at info; also trace (default: --log-level)")
     serve.set_defaults(func=run_serve)
     return parser
 

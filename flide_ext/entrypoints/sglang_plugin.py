@@ -24,6 +24,7 @@ MAPPED = {
     "model_path", "tokenizer_path", "host", "port", "dtype", "device", "api_key", "random_seed",
     "context_length", "served_model_name", "decision_mode", "max_prefill_tokens", "max_running_requests",
     "disable_cuda_graph", "disable_radix_cache", "mem_fraction_static", "state_cache_gb",
+    "log_level", "log_level_http",
 }
 # Accepted without effect: the engine's answers are already the same bits at
 # any load on the CPU reference, and do not depend on graphs or padding on the GPU.

@@ -54,6 +54,8 @@ def state_of(prompts) -> np.ndarray:
     """A request's state: ``[n]`` int64, its prompts' common prefix less at least
     the shortest one's last token (every question keeps a token of its own)."""
     arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
+    if not arrays:  # a request with no prompts (answered with none) has no state
+        return np.zeros(0, np.int64)
     return arrays[0][:max(min(common_prefix(arrays), min(len(a) for a in arrays) - 1), 0)]
 
 

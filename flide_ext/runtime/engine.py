@@ -213,7 +213,7 @@ class Engine:
             planned = time.perf_counter()
             logprobs, graph = self.runner.forward(plan)  # [>= R, vocab] on the device
             launched = time.perf_counter()
-            if cache is not None:  # host bookkeeping while the GPU computes the states it keeps
+            if cache is not None:  # while the GPU computes them (a failed readout leaves them: they are computed)
                 kept_rows, kept_segments, kept_tokens = keep_checkpoints(cache, plan, cached, stream_rows, slots)
             keeping = time.perf_counter() - launched
             label_logprobs = self.runner.gather_labels(logprobs, readout, labels)

@@ -82,11 +82,12 @@ def default_capacities(tokens: int, segments: int, levels: int = 4, smallest: in
     compute-bound on their own rows.
 
     The steps bound the padding a round computes in vain (a 4B-sized model is
-    compute-bound from a few hundred tokens on, so padded rows cost time): at
-    most ``fine_step - 1`` of its tokens up to ``fine_tokens`` (9% by default:
-    a step of an agent resumed from the state cache computes a few hundred
-    tokens, and every one of them counts in its latency) and ``step - 1``
-    beyond (19%), against 100% for doubling."""
+    compute-bound from a few hundred tokens on, so padded rows cost time): a
+    capacity is at most ``fine_step`` times the one below it up to
+    ``fine_tokens`` (9% more by default: a step of an agent resumed from the
+    state cache computes a few hundred tokens, and every one of them counts in
+    its latency) and ``step`` times beyond (19%), against 2x for doubling, each
+    plus the rounding up to 64 rows (a 257-token round replays 320)."""
     out, t = [], min(smallest, tokens)
     while t < tokens:
         out.append(GraphCapacity(t, min(segments, max(8, t // 32)), levels))

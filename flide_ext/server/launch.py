@@ -12,6 +12,8 @@ from ..protocol.errors import FlideError
 from ..runtime.capacity import RoundCapacity
 
 _ROUND = RoundCapacity()  # the round-capacity defaults
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+HTTP_LOG_LEVELS = ("trace",) + LOG_LEVELS  # uvicorn's
 
 
 @dataclass
@@ -45,7 +47,7 @@ def serve(args: ServeArgs) -> None:
 
     Raises:
         FlideError: the model or tokenizer cannot be loaded; a round capacity below
-            1; an unknown CUDA-graph mode, graphs on a CPU device, or a malformed
+            1; an unknown log level; an unknown CUDA-graph mode, graphs on a CPU device, or a malformed
             graph capacity list; a bad state-cache flag (:func:`~.cache_args.cache_settings`).
     """
     from .cache_args import cache_settings
@@ -57,6 +59,7 @@ def serve(args: ServeArgs) -> None:
         raise FlideError(f"{e} (--round-tokens, --round-segments, --max-round-requests; --max-prefill-tokens, "
                          "--max-running-requests under --decision-mode)") from None
     graphs = _graph_settings(args)
+    log_level, http_log_level = _log_levels(args)
     cache, fraction = cache_settings(args.disable_radix_cache, args.state_cache_gb, args.mem_fraction_static,
                                      args.device)
 
@@ -88,7 +91,7 @@ def serve(args: ServeArgs) -> None:
     engine_kwargs = dict(model_path=path, dtype=args.dtype, device=args.device, context_length=args.context_length,
                          tokenizer_path=args.tokenizer_path, **graphs, **cache)
     scheduler = multiprocessing.get_context("spawn").Process(
-        target=run_scheduler, args=(engine_kwargs, work_addr, done_addr, capacity, fraction, args.log_level),
+        target=run_scheduler, args=(engine_kwargs, work_addr, done_addr, capacity, fraction, log_level),
         daemon=True
     )
     scheduler.start()
@@ -113,10 +116,21 @@ def serve(args: ServeArgs) -> None:
                       stats.get("max_tokens", 0))
     app = build_app(manager, info, metrics)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level_http or args.log_level)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=http_log_level)
     finally:
         scheduler.terminate()
         shutil.rmtree(ipc, ignore_errors=True)
+
+
+def _log_levels(args: ServeArgs) -> tuple[str, str]:
+    # (scheduler's, uvicorn's) levels, lower case; checked before any process starts.
+    level = str(args.log_level).lower()
+    if level not in LOG_LEVELS:
+        raise FlideError(f"--log-level {args.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
+    http = str(args.log_level_http).lower() if args.log_level_http else level
+    if http not in HTTP_LOG_LEVELS:
+        raise FlideError(f"--log-level-http {args.log_level_http!r} is not one of {', '.join(HTTP_LOG_LEVELS)}")
+    return level, http
 
 
 def _graph_settings(args: ServeArgs) -> dict:

@@ -51,13 +51,13 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
         log_level: this process's log level; at ``info`` each round is logged
             (:func:`log_round`), as SGLang logs its batches.
     """
-    _configure_logging(log_level)
     context = zmq.Context()
     work = context.socket(zmq.PULL)
     work.bind(work_addr)
     done = context.socket(zmq.PUSH)
     done.connect(done_addr)
     try:
+        _configure_logging(log_level)
         from ..runtime.engine import Engine
 
         if mem_fraction_static is not None:

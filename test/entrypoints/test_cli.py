@@ -113,3 +113,9 @@ def test_serve_refuses_bad_graph_flags_in_one_line(char_model_dir):
         run = (flide if i == 0 else lambda *a: main_in_process(flide_main, *a))(
             "serve", "--model-path", str(char_model_dir), "--port", "0", *extra)
         assert run.returncode == 2 and run.stderr.count("\n") == 1 and message in run.stderr, run.stderr
+
+
+def test_serve_refuses_bad_log_levels_in_one_line(char_model_dir):
+    for flag, value in (("--log-level", "loud"), ("--log-level-http", "verbose")):
+        run = main_in_process(flide_main, "serve", "--model-path", str(char_model_dir), "--port", "0", flag, value)
+        assert run.returncode == 2 and run.stderr.count("\n") == 1 and f"{flag} '{value}'" in run.stderr, run.stderr

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
+import pytest
 import requests
 
 from flide_ext import Engine
@@ -93,3 +95,31 @@ def test_disable_cuda_graph_turns_flide_graphs_off():
     assert refused_flags(args) == []
     assert serve_args(args).cuda_graphs == "off"
     assert serve_args(parser.parse_args(["--model-path", "m", "--device", "cuda"])).cuda_graphs is None
+
+
+def test_log_levels_are_sglangs_flags():
+    """SGLang's --log-level and --log-level-http reach the server (not refused);
+    a level neither Python's logging nor uvicorn knows is one line before any
+    process starts."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    from flide_ext.entrypoints.sglang_plugin import refused_flags, serve_args
+    from flide_ext.protocol.errors import FlideError
+    from flide_ext.server.launch import _log_levels
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(["--model-path", "m", "--device", "cpu", "--log-level", "warning",
+                              "--log-level-http", "trace"])
+    assert refused_flags(args) == []
+    mapped = serve_args(args)
+    assert (mapped.log_level, mapped.log_level_http) == ("warning", "trace")
+    assert _log_levels(mapped) == ("warning", "trace")
+    plain = serve_args(parser.parse_args(["--model-path", "m", "--device", "cpu"]))
+    assert _log_levels(plain) == ("info", "info")  # SGLang's default, for both
+    for bad, flag in (({"log_level": "trace"}, "--log-level"), ({"log_level": "loud"}, "--log-level"),
+                      ({"log_level_http": "loud"}, "--log-level-http")):
+        with pytest.raises(FlideError, match=flag):
+            _log_levels(replace(plain, **bad))

@@ -293,3 +293,15 @@ def test_a_growing_history_keeps_its_newest_checkpoint_under_a_tight_budget(tiny
         result = _same_as_cold(engine, cold, [history[:n] + [7]])
         assert result.resumed_tokens[0] == (0 if n == 100 else (n - 100) // ALIGN * ALIGN), n
         assert engine.cache_stats()["slots"] <= 2
+
+
+def test_a_request_without_prompts_beside_others(tiny_dirs):
+    """A request with no prompts is answered with none, also beside a request
+    that resumes or keeps checkpoints."""
+    engine = Engine(str(tiny_dirs["qwen3_5"]))
+    rng = random.Random(11)
+    history = [rng.randrange(500) for _ in range(130)]
+    first = engine.run_round([(_questions(rng, history), [LABELS] * 3), ([], [])])
+    assert first.answers[1] == [] and len(first.answers[0]) == 3
+    again = engine.run_round([([], []), (_questions(rng, history + [3] * 10), [LABELS] * 3)])
+    assert again.answers[0] == [] and again.resumed_tokens[1] == 128
