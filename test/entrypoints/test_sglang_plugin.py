@@ -59,19 +59,25 @@ def test_launch_server_decision_mode_answers_like_the_engine(char_model_dir, tmp
         proc.wait(30)
 
 
-def test_prefill_limits_become_round_capacities():
-    """SGLang's --max-prefill-tokens and --max-running-requests set a round's
-    token and request capacity (and are not refused); SGLang's default prefill
-    limit is the round's token capacity under --decision-mode."""
+def _sglang_parser():
+    """SGLang's own launcher flags, as ``sglang.launch_server`` parses them."""
     import argparse
 
     from sglang.srt.server_args import ServerArgs
 
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def test_prefill_limits_become_round_capacities():
+    """SGLang's --max-prefill-tokens and --max-running-requests set a round's
+    token and request capacity (and are not refused); SGLang's default prefill
+    limit is the round's token capacity under --decision-mode."""
     from flide_ext.server.launch import ServeArgs
     from flide_ext.entrypoints.sglang_plugin import refused_flags, serve_args
 
-    parser = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(parser)
+    parser = _sglang_parser()
     args = parser.parse_args(["--model-path", "m", "--device", "cpu", "--max-prefill-tokens", "5000",
                               "--max-running-requests", "7"])
     assert refused_flags(args) == []
@@ -83,14 +89,9 @@ def test_prefill_limits_become_round_capacities():
 
 
 def test_disable_cuda_graph_turns_flide_graphs_off():
-    import argparse
-
-    from sglang.srt.server_args import ServerArgs
-
     from flide_ext.entrypoints.sglang_plugin import refused_flags, serve_args
 
-    parser = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(parser)
+    parser = _sglang_parser()
     args = parser.parse_args(["--model-path", "m", "--device", "cuda", "--disable-cuda-graph"])
     assert refused_flags(args) == []
     assert serve_args(args).cuda_graphs == "off"
@@ -101,16 +102,11 @@ def test_log_levels_are_sglangs_flags():
     """SGLang's --log-level and --log-level-http reach the server (not refused);
     a level neither Python's logging nor uvicorn knows is one line before any
     process starts."""
-    import argparse
-
-    from sglang.srt.server_args import ServerArgs
-
     from flide_ext.entrypoints.sglang_plugin import refused_flags, serve_args
     from flide_ext.protocol.errors import FlideError
     from flide_ext.server.launch import _log_levels
 
-    parser = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(parser)
+    parser = _sglang_parser()
     args = parser.parse_args(["--model-path", "m", "--device", "cpu", "--log-level", "warning",
                               "--log-level-http", "trace"])
     assert refused_flags(args) == []
