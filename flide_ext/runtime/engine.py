@@ -226,7 +226,7 @@ class Engine:
                 cache.unlock(cached.nodes)
                 cache.evict()  # back within the slot budget
 
-        tables, gpu = self.runner.forward_times(graph)
+        tables, gpu = self.runner.forward_times()
         seconds = (planned - started, forwarded - planned - keeping, time.perf_counter() - forwarded + keeping,
                    tables, gpu)
         return round_result(n, requests, label_logprobs, prompts, plan,

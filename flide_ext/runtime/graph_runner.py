@@ -147,7 +147,7 @@ class GraphRunner:
         self.capture_seconds = 0.0
         self.capture_log: list[float] = []
         self.replays = self.eager_rounds = self.eager_by_cost = self.captures = 0
-        self.last_host_ms = 0.0  # host time of the last replayed round's tables and copy
+        self.last_host_ms = 0.0  # host time of the last round's tables and copy (0 when it ran eagerly)
         self._events = None  # CUDA events around the last round's forward (its GPU time)
         self._keys = None
         if kv_pool is not None:

@@ -241,15 +241,14 @@ class ModelRunner:
             return self.model(plan, self.state_pool, self.kv_pool), None
         return self.graphs.run(plan)
 
-    def forward_times(self, graph) -> tuple[float, float]:
+    def forward_times(self) -> tuple[float, float]:
         """``(tables, gpu)`` seconds of the last :meth:`forward`: the host's padding,
-        tables and copy of a replayed round (0 otherwise) and the forward's span on
-        the GPU (:meth:`~.graph_runner.GraphRunner.last_gpu_ms`); zeros without
-        graphs (CPU). Waits for the forward to end."""
+        tables and copy of a replayed round (0 for an eager one) and the forward's
+        span on the GPU (:meth:`~.graph_runner.GraphRunner.last_gpu_ms`); zeros
+        without graphs (CPU). Waits for the forward to end."""
         if self.graphs is None:
             return 0.0, 0.0
-        tables = self.graphs.last_host_ms / 1e3 if graph is not None else 0.0
-        return tables, self.graphs.last_gpu_ms() / 1e3
+        return self.graphs.last_host_ms / 1e3, self.graphs.last_gpu_ms() / 1e3
 
     @staticmethod
     def gather_labels(logprobs: torch.Tensor, rows: Sequence[int], labels: Sequence[Sequence[int]]) -> list:

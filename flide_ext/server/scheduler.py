@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 
 def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity: RoundCapacity = RoundCapacity(),
-                  mem_fraction_static: Optional[float] = None, log_level: str = "warning") -> None:
+                  mem_fraction_static: Optional[float] = None, log_level: Optional[str] = None) -> None:
     """Process entry point: load the model, then serve rounds forever.
 
     Args:
@@ -48,8 +48,9 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
             answered with the error (HTTP 400 naming its field), not run.
         mem_fraction_static: size the state cache from this fraction of the GPU's
             memory (:func:`~.cache_args.fraction_budget`), here, where the GPU is.
-        log_level: this process's log level; at ``info`` each round is logged
-            (:func:`log_round`), as SGLang logs its batches.
+        log_level: the level of Flide's loggers in this process (the server's
+            ``--log-level``; None leaves them as they are); at ``info`` each
+            round is logged (:func:`log_round`), as SGLang logs its batches.
     """
     context = zmq.Context()
     work = context.socket(zmq.PULL)
@@ -57,7 +58,8 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
     done = context.socket(zmq.PUSH)
     done.connect(done_addr)
     try:
-        _configure_logging(log_level)
+        if log_level is not None:
+            _configure_logging(log_level)
         from ..runtime.engine import Engine
 
         if mem_fraction_static is not None:
