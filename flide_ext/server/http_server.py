@@ -17,6 +17,7 @@ from typing import Optional
 import orjson
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import Headers
 
 from sglang.srt.entrypoints.systemone.protocol import SystemOneResponse
 
@@ -47,23 +48,50 @@ def _error(status: int, message: str, param: Optional[str] = None, kind: str = "
     return JSONResponse(status_code=status, content=body.model_dump())
 
 
+# Routes answered without the API key (probes, scrapers, the schema).
+OPEN_PATHS = ("/health", "/metrics", "/docs", "/openapi.json")
+
+
+class ApiKeyAndMetrics:
+    """Plain ASGI middleware: refuses a request without ``Authorization: Bearer
+    <api_key>`` (401, SGLang's error body naming ``authorization``) outside
+    :data:`OPEN_PATHS`, and observes every HTTP request's route, status and
+    seconds in ``metrics``. Plain ASGI rather than ``@app.middleware("http")``,
+    whose wrapper runs each request through an extra task and body stream."""
+
+    def __init__(self, app, api_key: Optional[str], metrics: Metrics):
+        self.app, self.api_key, self.metrics = app, api_key, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, path = time.perf_counter(), scope["path"]
+        if self.api_key and path not in OPEN_PATHS:
+            if Headers(scope=scope).get("authorization", "") != f"Bearer {self.api_key}":
+                response = _error(401, "a valid API key is required (Authorization: Bearer <key>)", "authorization",
+                                  "AuthenticationError")
+                await response(scope, receive, send)
+                self.metrics.observe(path, 401, time.perf_counter() - start)
+                return
+        status = 500  # what an app that fails before it answers is counted as
+
+        async def send_status(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            self.metrics.observe(path, status, time.perf_counter() - start)
+
+
 def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> FastAPI:
     """The FastAPI application over a running tokenizer manager."""
     app = FastAPI(title="Flide", description="Exact forked decision inference for SGLang's decision routes.")
 
-    @app.middleware("http")
-    async def api_key_and_metrics(request: Request, call_next):
-        start = time.perf_counter()
-        open_paths = ("/health", "/metrics", "/docs", "/openapi.json")
-        if info.api_key and request.url.path not in open_paths:
-            if request.headers.get("authorization", "") != f"Bearer {info.api_key}":
-                response = _error(401, "a valid API key is required (Authorization: Bearer <key>)", "authorization",
-                                  "AuthenticationError")
-                metrics.observe(request.url.path, 401, time.perf_counter() - start)
-                return response
-        response = await call_next(request)
-        metrics.observe(request.url.path, response.status_code, time.perf_counter() - start)
-        return response
+    app.add_middleware(ApiKeyAndMetrics, api_key=info.api_key, metrics=metrics)
 
     async def body_of(request: Request):
         raw = await request.body()
