@@ -12,7 +12,10 @@
 #   calls 3-5 (carry .gpu/sgl0517.tar.xz.partN, one each):
 #        bash benchmark/serving/run_h200.sh --stage .gpu/sgl0517.tar.xz.partN
 #   (once the checkout and a 60 MiB part pass the 64 MiB a call carries, carry each part in halves:
-#    here `split -b 31M -d .gpu/sgl0517.tar.xz.partN .gpu/s/pN.`, there `cat pN.00 pN.01 > /tmp/sglparts/...partN`)
+#    here `split -b 31M -d .gpu/sgl0517.tar.xz.partN .gpu/s/pN.`, there `cat pN.00 pN.01 > /tmp/sglparts/...partN`;
+#    or cut the three parts' concatenation into chunks sized to what each call has left, carry one chunk beside
+#    each call's own files into /tmp/c, and before the sglang step `cat /tmp/c/c.* > /tmp/sglparts/...part0`
+#    with empty part1 and part2: launch.sh checks the whole archive against SHA256 either way)
 #   call 6 (carry .whl-sgl0517 .gpu/SHA256 .gpu/launch.sh):
 #        bash benchmark/serving/run_h200.sh --stage .whl-sgl0517 --stage .gpu/SHA256 --launch .gpu/launch.sh sglang compare
 # The machine goes back 30 s after a call returns (and after 30 min held), taking /tmp with it: issue the
@@ -30,7 +33,7 @@
 #   profile     benchmark/profile_round.py in process (no server may hold the GPU): an agent step resumed from
 #               the state cache at 8,000 + 400 and at 1,500 + 200 tokens, kernels by device time -> $OUT/profile.tar.gz
 # Back in $OUT: flide.tar.gz / sglang.tar.gz / compare.tar.gz (each run's NAME.json, .md, .png, .log),
-# flide_server.log, sglang_server.log ($OUT brings back at most 8 files).
+# LABEL_server.log (flide_server.log, flide_off_server.log), sglang_server.log ($OUT brings back at most 8 files).
 # Options:
 #   --install DIR     pip-install DIR/*.whl into /tmp/site (no index, no deps); repeatable
 #   --stage PATH      copy a file, or a folder's files, into --parts; repeatable
@@ -196,21 +199,22 @@ finish() {  # finish LABEL PID: stop the server unless --keep-server
 step_flide() {
     flide_env
     local pid rc label=${FLIDE_LABEL:-flide}
-    if pid=$(running flide); then
-        log "Flide already running (PID $pid)"
+    # Kept servers, logs and results are the label's: a cache-off run never reuses a cache-on server.
+    if pid=$(running "$label"); then
+        log "Flide ($label) already running (PID $pid)"
     else
-        log "start Flide on $MODEL (port $PORT)"
+        log "start Flide ($label) on $MODEL (port $PORT)"
         # From /tmp, so that the flide_ext on PYTHONPATH (--flide-tree) is the one imported.
         # shellcheck disable=SC2086
         (cd /tmp && exec setsid python3 -m sglang.launch_server --decision-mode --model-path "$MODEL" \
             --dtype bfloat16 --device cuda --host 127.0.0.1 --port "$PORT" ${FLIDE_FLAGS:-} \
-            > "$OUT/flide_server.log" 2>&1) &
+            > "$OUT/${label}_server.log" 2>&1) &
         pid=$!
-        wait_health "$pid" "$OUT/flide_server.log" 300 || { stop_server "$pid"; return 1; }
+        wait_health "$pid" "$OUT/${label}_server.log" 300 || { stop_server "$pid"; return 1; }
     fi
     nvidia-smi --query-gpu=name,memory.used --format=csv,noheader > "$OUT/${label}_gpu.txt" 2>&1
     run_workloads "$label"; rc=$?
-    finish flide "$pid"
+    finish "$label" "$pid"
     return $rc
 }
 
