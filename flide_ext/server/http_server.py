@@ -146,7 +146,7 @@ def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> 
 
     @app.get("/health")
     async def health():
-        return Response(status_code=200)
+        return Response(status_code=200 if manager.scheduler_error is None else 503)
 
     def model_info():
         return {

@@ -65,6 +65,9 @@ class TokenizerManager:
         self.metrics = metrics
         self.capacity = capacity
         self.resumes = resumes
+        # Why the scheduler can no longer answer (its process exited, stopped
+        # answering, or a round passed the watchdog limit); None while it can.
+        self.scheduler_error: Optional[str] = None
         self._receiver: Optional[asyncio.Task] = None
 
     def start(self) -> None:
