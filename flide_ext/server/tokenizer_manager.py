@@ -197,6 +197,13 @@ class TokenizerManager:
             raise RequestError(field, f"token ids must be integers in [0, {self.vocab_size})")
         return ids
 
+    async def probe(self) -> None:
+        """Run a one-token prompt through the scheduler's next round (SGLang's
+        ``/health_generate`` generates one token); returns once the scheduler has
+        answered, whatever its answer. Counts nothing in the metrics."""
+        one = np.zeros(1, dtype=np.int64)
+        await self._ask(lambda rid: ScoreWork.pack(rid, [one], [[0]], None, "health"))
+
     def _encode_score(self, body):
         from sglang.srt.entrypoints.openai.protocol import ScoringRequest
 
