@@ -237,6 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
                        f"error or critical (default: {served.log_level})")
     serve.add_argument("--log-level-http",
                        help="uvicorn's log level, its access log at info; also trace (default: --log-level)")
+    serve.add_argument("--max-body-mb", metavar="MB",
+                       help=f"largest request body in MiB (2**20 bytes); a larger one is refused with 413 "
+                       f"(default: {served.max_body_mb:g})")
+    serve.add_argument("--body-read-timeout", metavar="SECONDS",
+                       help=f"seconds a request body may take to arrive; a slower one is refused with 408 "
+                       f"(default: {served.body_read_timeout:g})")
     serve.set_defaults(func=run_serve)
     return parser
 

@@ -10,7 +10,8 @@ dtype, device, API key, random seed, context length, served model name,
 ``off``), ``--disable-radix-cache`` (no state cache), ``--mem-fraction-static``
 (the state cache's budget, :mod:`flide_ext.server.cache_args`), the
 deterministic switch and ``--enable-cache-report`` (Flide always reports cached
-tokens). ``--state-cache-gb`` (Flide's own) is added to SGLang's flags. Any
+tokens). ``--state-cache-gb``, ``--max-body-mb`` and ``--body-read-timeout``
+(Flide's own) are added to SGLang's flags. Any
 other flag set away from its default is refused with a message naming it (Flide
 does not silently ignore a setting).
 """
@@ -24,7 +25,7 @@ MAPPED = {
     "model_path", "tokenizer_path", "host", "port", "dtype", "device", "api_key", "random_seed",
     "context_length", "served_model_name", "decision_mode", "max_prefill_tokens", "max_running_requests",
     "disable_cuda_graph", "disable_radix_cache", "mem_fraction_static", "state_cache_gb",
-    "log_level", "log_level_http",
+    "log_level", "log_level_http", "max_body_mb", "body_read_timeout",
 }
 # Accepted without effect: the engine's answers are already the same bits at
 # any load on the CPU reference, and do not depend on graphs or padding on the GPU.
@@ -44,6 +45,20 @@ def _add_flag(result, parser: argparse.ArgumentParser):
         metavar="GB",
         help="Under --decision-mode: the state cache's memory in GiB (2**30 bytes); wins over "
         "--mem-fraction-static (default: 40%% of the GPU memory free after the weights).",
+    )
+    from ..server.body_limits import BODY_READ_TIMEOUT_S, MAX_BODY_MB
+
+    parser.add_argument(
+        "--max-body-mb",
+        metavar="MB",
+        help=f"Under --decision-mode: the largest request body in MiB (2**20 bytes); a larger one is refused "
+        f"with 413 (default: {MAX_BODY_MB:g}).",
+    )
+    parser.add_argument(
+        "--body-read-timeout",
+        metavar="SECONDS",
+        help=f"Under --decision-mode: seconds a request body may take to arrive; a slower one is refused with "
+        f"408 (default: {BODY_READ_TIMEOUT_S:g}).",
     )
     return result
 
@@ -94,6 +109,8 @@ def serve_args(args: argparse.Namespace):
         **_capacity(args),
         **_cache(args),
         **{name: getattr(args, name) for name in ("log_level", "log_level_http") if getattr(args, name, None)},
+        **{name: getattr(args, name) for name in ("max_body_mb", "body_read_timeout")
+           if getattr(args, name, None) is not None},
     )
 
 

@@ -2,29 +2,47 @@
 
 Routes (same wire format as SGLang, its own pydantic models): ``POST
 /v1/decisions``, ``POST /v1/systemone``, ``POST /v1/score``; ``GET|POST /flush_cache``;
-``GET /health``, ``/model_info``, ``/get_model_info``, ``/server_info``, ``/v1/models``,
-``/metrics``. Bad input is answered 400 with SGLang's ``ErrorResponse`` whose
-``param`` names the field;
-``--api-key`` requires ``Authorization: Bearer <key>`` (401 otherwise).
+``GET /health``, ``/health_generate``, ``/ready``, ``/model_info``,
+``/get_model_info``, ``/server_info``, ``/v1/models``, ``/metrics``.
+
+SGLang's manners: bad input is answered 400 with SGLang's ``ErrorResponse``
+whose ``param`` names the field; the decision routes take ``application/json``
+only (:mod:`.http_errors`); ``--api-key`` is checked by SGLang's own
+middleware (``sglang.srt.utils.auth``: every route but the probes and
+``/metrics``, any case of ``Bearer``, constant-time, OPTIONS open; 401
+``{"error": "Unauthorized"}``). Every response carries ``X-Request-Id``
+(:mod:`.request_ids`); bodies are limited in size and time
+(:class:`~.body_limits.BodyLimits`).
 """
 
 from __future__ import annotations
 
-import time
+import asyncio
+import logging
+import os
 from dataclasses import dataclass
 from typing import Optional
 
 import orjson
-from fastapi import FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from starlette.datastructures import Headers
 
 from sglang.srt.entrypoints.systemone.protocol import SystemOneResponse
+from sglang.srt.utils.auth import AuthLevel, add_api_key_middleware, auth_level
 
 from ..protocol.errors import RequestError
 from ..version import __version__
+from .body_limits import BODY_READ_TIMEOUT_S, MAX_BODY_MB, BodyLimits, body_limits
+from .http_errors import error_response, require_json, validation_error
+from .http_middleware import ObservedApp
 from .metrics import Metrics, RequestClock
+from .request_ids import RID
 from .tokenizer_manager import CLOCK, SchedulerError, TokenizerManager
+
+logger = logging.getLogger(__name__)
+# Seconds /health_generate waits for the scheduler's answer (SGLang's variable and default).
+HEALTH_CHECK_TIMEOUT = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", 20))
 
 
 @dataclass
@@ -39,59 +57,21 @@ class ServerInfo:
     disable_radix_cache: bool = False
     state_cache_bytes: int = 0  # the cache's budget (0: off)
     state_cache_max_tokens: int = 0
-
-
-def _error(status: int, message: str, param: Optional[str] = None, kind: str = "BadRequestError"):
-    from sglang.srt.entrypoints.openai.protocol import ErrorResponse
-
-    body = ErrorResponse(message=message, type=kind, param=param, code=status)
-    return JSONResponse(status_code=status, content=body.model_dump())
-
-
-# Routes answered without the API key (probes, scrapers, the schema).
-OPEN_PATHS = ("/health", "/metrics", "/docs", "/openapi.json")
-
-
-class ApiKeyAndMetrics:
-    """Plain ASGI middleware: refuses a request without ``Authorization: Bearer
-    <api_key>`` (401, SGLang's error body naming ``authorization``) outside
-    :data:`OPEN_PATHS`, and observes every HTTP request's route, status and
-    seconds in ``metrics``. Plain ASGI rather than ``@app.middleware("http")``,
-    whose wrapper runs each request through an extra task and body stream."""
-
-    def __init__(self, app, api_key: Optional[str], metrics: Metrics):
-        self.app, self.api_key, self.metrics = app, api_key, metrics
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        start, path = time.perf_counter(), scope["path"]
-        if self.api_key and path not in OPEN_PATHS:
-            if Headers(scope=scope).get("authorization", "") != f"Bearer {self.api_key}":
-                response = _error(401, "a valid API key is required (Authorization: Bearer <key>)", "authorization",
-                                  "AuthenticationError")
-                await response(scope, receive, send)
-                self.metrics.observe(path, 401, time.perf_counter() - start)
-                return
-        status = 500  # what an app that fails before it answers is counted as
-
-        async def send_status(message):
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            self.metrics.observe(path, status, time.perf_counter() - start)
+    max_body_bytes: int = body_limits(MAX_BODY_MB, BODY_READ_TIMEOUT_S)[0]
+    body_read_timeout: float = BODY_READ_TIMEOUT_S  # seconds
 
 
 def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> FastAPI:
     """The FastAPI application over a running tokenizer manager."""
-    app = FastAPI(title="Flide", description="Exact forked decision inference for SGLang's decision routes.")
-
-    app.add_middleware(ApiKeyAndMetrics, api_key=info.api_key, metrics=metrics)
+    app = ObservedApp(metrics, title="Flide",
+                      description="Exact forked decision inference for SGLang's decision routes.")
+    app.add_exception_handler(RequestValidationError, validation_error)
+    # Added first, so it runs inside the body limits: a body too large is refused
+    # whatever its key, before it is read.
+    if info.api_key:
+        add_api_key_middleware(app, api_key=info.api_key, admin_api_key=None)
+    app.add_middleware(BodyLimits, max_bytes=info.max_body_bytes, timeout=info.body_read_timeout)
+    json_only = [Depends(require_json)]
 
     async def body_of(request: Request):
         raw = await request.body()
@@ -106,34 +86,36 @@ def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> 
         try:
             result = await handler(await body_of(request))
         except RequestError as e:
-            return _error(400, e.message, e.field)
+            return error_response(400, e.message, e.field)
         except SchedulerError as e:
-            return _error(500, str(e), None, "InternalServerError")
+            logger.error("%s %s failed: %s rid=%s", request.method, request.url.path, e, RID.get())
+            return error_response(500, str(e), None, "InternalServerError")
         exclude_none = not isinstance(result, SystemOneResponse)  # System One keeps its nulls
         response = JSONResponse(content=result.model_dump(exclude_none=exclude_none))
         clock.lap("respond")
         metrics.stages(clock)
         return response
 
-    @app.post("/v1/decisions")
+    @app.post("/v1/decisions", dependencies=json_only)
     async def decisions(request: Request):
         """SGLang ``DecisionRequest`` -> ``DecisionResponse``."""
         manager.start()
         return await answer(request, manager.decide)
 
-    @app.post("/v1/systemone")
+    @app.post("/v1/systemone", dependencies=json_only)
     async def systemone(request: Request):
         """System One API 0.2.0 ``SystemOneRequest`` -> ``SystemOneResponse``."""
         manager.start()
         return await answer(request, manager.decide_systemone)
 
-    @app.post("/v1/score")
+    @app.post("/v1/score", dependencies=json_only)
     async def score(request: Request):
         """SGLang ``ScoringRequest`` -> ``ScoringResponse`` (delimiter-free)."""
         manager.start()
         return await answer(request, manager.score_request)
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
+    @auth_level(AuthLevel.ADMIN_OPTIONAL)  # as SGLang marks it (the API key guards it here)
     async def flush_cache(timeout: float = Query(0.0, ge=0.0)):
         """Empty the state cache (SGLang's route and answer). Flide flushes at the
         next gap between rounds, so it never refuses for running requests and
@@ -144,9 +126,32 @@ def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> 
             return Response(content=f"Flush cache failed: {done.error}\n", status_code=400)
         return Response(content="Cache flushed.\n", status_code=200)
 
+    def up() -> Response:
+        return Response(status_code=200 if manager.scheduler_error is None else 503)
+
     @app.get("/health")
     async def health():
-        return Response(status_code=200 if manager.scheduler_error is None else 503)
+        """200 while the scheduler can answer, else 503."""
+        return up()
+
+    @app.get("/ready")
+    async def ready():
+        """Whether the server takes new requests (SGLang's): 200 while the
+        scheduler can answer, else 503."""
+        return up()
+
+    @app.get("/health_generate")
+    async def health_generate():
+        """SGLang's probe through the model: a one-token prompt through the
+        scheduler's next round; 503 when the scheduler cannot answer or has not
+        answered within ``SGLANG_HEALTH_CHECK_TIMEOUT`` seconds (20)."""
+        if manager.scheduler_error is None:
+            try:
+                await asyncio.wait_for(manager.probe(), HEALTH_CHECK_TIMEOUT)
+            except Exception as e:  # noqa: BLE001 - any failure to answer is the probe's answer
+                logger.error("health check failed: %s: %s rid=%s", type(e).__name__, e, RID.get())
+                return Response(status_code=503)
+        return up()
 
     def model_info():
         return {

@@ -10,6 +10,7 @@ from typing import Optional, Union
 
 from ..protocol.errors import FlideError
 from ..runtime.capacity import RoundCapacity
+from .body_limits import BODY_READ_TIMEOUT_S, MAX_BODY_MB, body_limits
 
 _ROUND = RoundCapacity()  # the round-capacity defaults
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -40,6 +41,8 @@ class ServeArgs:
     mem_fraction_static: Union[float, str, None] = None
     log_level: str = "info"  # SGLang's: the scheduler logs each round at info
     log_level_http: Optional[str] = None  # uvicorn's (access log at info); None: log_level
+    max_body_mb: Union[float, str] = MAX_BODY_MB  # MiB; a number, or its text as given (checked by serve)
+    body_read_timeout: Union[float, str] = BODY_READ_TIMEOUT_S  # seconds, likewise
 
 
 def serve(args: ServeArgs) -> None:
@@ -48,7 +51,8 @@ def serve(args: ServeArgs) -> None:
     Raises:
         FlideError: the model or tokenizer cannot be loaded; a round capacity below
             1; an unknown log level; an unknown CUDA-graph mode, graphs on a CPU device, or a malformed
-            graph capacity list; a bad state-cache flag (:func:`~.cache_args.cache_settings`).
+            graph capacity list; a bad state-cache flag (:func:`~.cache_args.cache_settings`); a body
+            limit that is not a positive number (:func:`~.body_limits.body_limits`).
     """
     from .cache_args import cache_settings
 
@@ -62,6 +66,7 @@ def serve(args: ServeArgs) -> None:
     log_level, http_log_level = _log_levels(args)
     cache, fraction = cache_settings(args.disable_radix_cache, args.state_cache_gb, args.mem_fraction_static,
                                      args.device)
+    max_body_bytes, body_read_timeout = body_limits(args.max_body_mb, args.body_read_timeout)
 
     import shutil
 
@@ -73,6 +78,7 @@ def serve(args: ServeArgs) -> None:
     from ..assets.builtin_models import resolve_model_path
     from .http_server import ServerInfo, build_app
     from .metrics import Metrics
+    from .request_ids import uvicorn_log_config
     from .scheduler import run_scheduler
     from .tokenizer_manager import TokenizerManager
 
@@ -113,10 +119,10 @@ def serve(args: ServeArgs) -> None:
                                capacity, resumes=bool(stats.get("enabled")))
     info = ServerInfo(path, args.served_model_name or args.model_path, ready.context_length, ready.vocab_size,
                       args.dtype, args.device, args.api_key, args.disable_radix_cache, stats.get("budget_bytes", 0),
-                      stats.get("max_tokens", 0))
+                      stats.get("max_tokens", 0), max_body_bytes, body_read_timeout)
     app = build_app(manager, info, metrics)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=http_log_level)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=http_log_level, log_config=uvicorn_log_config())
     finally:
         scheduler.terminate()
         shutil.rmtree(ipc, ignore_errors=True)

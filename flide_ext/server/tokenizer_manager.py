@@ -1,5 +1,12 @@
 """The tokenizer manager: renders and tokenises requests in the HTTP process,
-sends their prompts to the scheduler over ZMQ and awaits the answers."""
+sends their prompts to the scheduler over ZMQ and awaits the answers.
+
+A request's parsing, rendering and tokenising run in a worker thread (as
+SGLang's serving classes convert requests off the event loop), so a large
+request does not hold up the others or ``/health``: the fast tokenizers'
+Rust code releases the GIL. A text whose lower bound on tokens
+(:class:`~flide_ext.protocol.token_bound.TokenBound`) already passes the
+context length is refused before it is tokenised."""
 
 from __future__ import annotations
 
@@ -13,8 +20,9 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from ..protocol.decisions import DecisionRenderer, label_probabilities, parse_decision_request
+from ..protocol.decisions import DecisionRenderer, label_probabilities, parse_decision_request, sgl_decisions
 from ..protocol.errors import RequestError
+from ..protocol.token_bound import TokenBound
 from ..protocol.token_requests import check_labels, check_prompts
 from ..runtime.capacity import RoundCapacity
 from ..runtime.rounds import request_size
@@ -55,6 +63,7 @@ class TokenizerManager:
         self.context_length = context_length
         self.vocab_size = vocab_size
         self.renderer = DecisionRenderer(tokenizer, context_length)
+        self.bound = TokenBound(tokenizer)
         self.systemone = SystemOneRenderer(self.renderer, served_model_name)
         self.context = zmq.asyncio.Context.instance()
         self.work = self.context.socket(zmq.PUSH)
@@ -134,29 +143,51 @@ class TokenizerManager:
         ``error`` says why it failed."""
         return await self._ask(FlushCache)
 
+    def _precheck(self, value, field: str) -> None:
+        # Refuse a text (as SGLang renders it into the prompt) whose token bound
+        # alone passes the context length, before anything tokenises it.
+        if not self.bound.enabled:
+            return
+        try:
+            text = value if isinstance(value, str) else sgl_decisions.render_text(value)
+        except Exception:  # noqa: BLE001 - refused, naming the field, where it is rendered
+            return
+        self.bound.check(text, field, self.context_length)
+
+    def _encode_decision(self, body):
+        request = parse_decision_request(body)
+        self._precheck(request.input, "input")
+        return request, self.renderer.encode(request)
+
     async def decide(self, body):
         """A ``/v1/decisions`` body -> SGLang DecisionResponse, its usage's
         ``prompt_tokens_details.cached_tokens`` filled. Raises RequestError."""
-        request = parse_decision_request(body)
-        encoded = self.renderer.encode(request)
+        request, encoded = await asyncio.to_thread(self._encode_decision, body)
         done = await self.score([q.prompt_ids for q in encoded], [q.label_ids for q in encoded], field="questions")
         response = self.renderer.respond(request, encoded, done.label_logprobs)
         response.usage.prompt_tokens_details = _cached(done)
         return response
 
+    def _encode_systemone(self, body):
+        request = self.systemone.parse(body)
+        self._precheck(request.state, "state")
+        views, encoded = self.systemone.encode(request)
+        return request, views, encoded
+
     async def decide_systemone(self, body):
         """A ``/v1/systemone`` body -> SGLang SystemOneResponse (whose usage has no
         cached-token field). Raises RequestError."""
-        request = self.systemone.parse(body)
-        views, encoded = self.systemone.encode(request)
+        request, views, encoded = await asyncio.to_thread(self._encode_systemone, body)
         done = await self.score([q.prompt_ids for q in encoded], [q.label_ids for q in encoded], field="questions")
         return self.systemone.respond(request, views, encoded, done.label_logprobs)
 
-    def _ids(self, value, field: str, special: bool) -> np.ndarray:
+    def _ids(self, value, field: str, special: bool, before: int = 0) -> np.ndarray:
         # -> [n] int64: a text tokenised, or token ids checked against the vocabulary.
+        # ``before``: a bound on the tokens the prompt has besides these.
         if isinstance(value, str):
             if not value:
                 raise RequestError(field, "is empty")
+            self.bound.check(value, field, self.context_length, before)
             return np.asarray(self.tokenizer.encode(value, add_special_tokens=special), dtype=np.int64)
         try:  # pydantic has made every id a Python int already
             ids = np.asarray(value, dtype=np.int64)
@@ -166,14 +197,15 @@ class TokenizerManager:
             raise RequestError(field, f"token ids must be integers in [0, {self.vocab_size})")
         return ids
 
-    async def score_request(self, body):
-        """A ``/v1/score`` body -> SGLang ScoringResponse. Each item is scored as
-        its own query+item prompt (no delimiter token), forked from the shared query.
+    async def probe(self) -> None:
+        """Run a one-token prompt through the scheduler's next round (SGLang's
+        ``/health_generate`` generates one token); returns once the scheduler has
+        answered, whatever its answer. Counts nothing in the metrics."""
+        one = np.zeros(1, dtype=np.int64)
+        await self._ask(lambda rid: ScoreWork.pack(rid, [one], [[0]], None, "health"))
 
-        Raises:
-            RequestError: naming the offending field.
-        """
-        from sglang.srt.entrypoints.openai.protocol import ScoringRequest, ScoringResponse, UsageInfo
+    def _encode_score(self, body):
+        from sglang.srt.entrypoints.openai.protocol import ScoringRequest
 
         from ..protocol.errors import validate_model
 
@@ -194,7 +226,7 @@ class TokenizerManager:
             raise RequestError("temperature", "requires apply_softmax=true")
         items = [request.items] if isinstance(request.items, str) else request.items
         query = self._ids(request.query or [], "query", special=True)
-        item_ids = [self._ids(item, f"items[{i}]", special=False) for i, item in enumerate(items)]
+        item_ids = [self._ids(item, f"items[{i}]", special=False, before=len(query)) for i, item in enumerate(items)]
         # One [n] int64 array per prompt: the query is not copied id by id into
         # Python lists, however long it is.
         prompts = [np.concatenate((ids, query) if request.item_first else (query, ids)) for ids in item_ids]
@@ -203,6 +235,18 @@ class TokenizerManager:
         check_prompts(prompts, self.vocab_size, self.context_length, field="items")
         check_labels(labels, len(prompts), self.vocab_size)
         label_lists = [labels[i] if per_item else labels for i in range(len(prompts))]
+        return request, prompts, label_lists
+
+    async def score_request(self, body):
+        """A ``/v1/score`` body -> SGLang ScoringResponse. Each item is scored as
+        its own query+item prompt (no delimiter token), forked from the shared query.
+
+        Raises:
+            RequestError: naming the offending field.
+        """
+        from sglang.srt.entrypoints.openai.protocol import ScoringResponse, UsageInfo
+
+        request, prompts, label_lists = await asyncio.to_thread(self._encode_score, body)
         done = await self.score(prompts, label_lists, field="items")
         if request.apply_softmax:
             scores = [label_probabilities(lp, request.temperature) for lp in done.label_logprobs]

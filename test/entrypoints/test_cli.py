@@ -119,3 +119,14 @@ def test_serve_refuses_bad_log_levels_in_one_line(char_model_dir):
     for flag, value in (("--log-level", "loud"), ("--log-level-http", "verbose")):
         run = main_in_process(flide_main, "serve", "--model-path", str(char_model_dir), "--port", "0", flag, value)
         assert run.returncode == 2 and run.stderr.count("\n") == 1 and f"{flag} '{value}'" in run.stderr, run.stderr
+
+
+def test_serve_refuses_bad_body_limits_in_one_line(char_model_dir):
+    """--max-body-mb and --body-read-timeout are checked before any process starts."""
+    for flag, value, message in (("--max-body-mb", "0", "must be a positive number"),
+                                 ("--max-body-mb", "lots", "is not a number"),
+                                 ("--body-read-timeout", "-1", "must be a positive number"),
+                                 ("--body-read-timeout", "inf", "must be a positive number")):
+        run = main_in_process(flide_main, "serve", "--model-path", str(char_model_dir), "--port", "0", flag, value)
+        assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+        assert flag in run.stderr and message in run.stderr, run.stderr

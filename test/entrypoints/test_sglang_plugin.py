@@ -119,3 +119,22 @@ def test_log_levels_are_sglangs_flags():
                       ({"log_level_http": "loud"}, "--log-level-http")):
         with pytest.raises(FlideError, match=flag):
             _log_levels(replace(plain, **bad))
+
+
+def test_body_limits_are_flide_flags_under_sglangs_launcher():
+    """--max-body-mb and --body-read-timeout (Flide's own, SGLang has neither)
+    are added to SGLang's flags and reach the server; left out, the server's
+    defaults hold."""
+    from flide_ext.entrypoints.sglang_plugin import _add_flag, refused_flags, serve_args
+    from flide_ext.server.body_limits import body_limits
+    from flide_ext.server.launch import ServeArgs
+
+    parser = _sglang_parser()
+    _add_flag(None, parser)
+    args = parser.parse_args(["--model-path", "m", "--device", "cpu", "--max-body-mb", "4",
+                              "--body-read-timeout", "2.5"])
+    assert refused_flags(args) == []
+    mapped = serve_args(args)
+    assert body_limits(mapped.max_body_mb, mapped.body_read_timeout) == (4 << 20, 2.5)
+    plain = serve_args(parser.parse_args(["--model-path", "m", "--device", "cpu"]))
+    assert (plain.max_body_mb, plain.body_read_timeout) == (ServeArgs.max_body_mb, ServeArgs.body_read_timeout)
