@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -41,6 +42,9 @@ from .request_ids import RID
 from .tokenizer_manager import CLOCK, SchedulerError, TokenizerManager
 
 logger = logging.getLogger(__name__)
+# SGLang's API-key middleware and System One handler answer with ORJSONResponse,
+# which FastAPI 0.165 deprecates; the warning is about SGLang's code, not a request.
+warnings.filterwarnings("ignore", message="ORJSONResponse is deprecated")
 # Seconds /health_generate waits for the scheduler's answer (SGLang's variable and default).
 HEALTH_CHECK_TIMEOUT = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", 20))
 
