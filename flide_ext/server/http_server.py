@@ -23,8 +23,9 @@ from sglang.srt.entrypoints.systemone.protocol import SystemOneResponse
 
 from ..protocol.errors import RequestError
 from ..version import __version__
+from .cancellation import ClientDisconnected, RequestTimedOut, while_client_waits
 from .metrics import Metrics, RequestClock
-from .tokenizer_manager import CLOCK, SchedulerError, TokenizerManager
+from .tokenizer_manager import CLOCK, SchedulerError, SchedulerUnavailable, TokenizerManager
 
 
 @dataclass
@@ -104,11 +105,18 @@ def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> 
         clock = RequestClock()
         CLOCK.set(clock)  # this request's task only
         try:
-            result = await handler(await body_of(request))
+            body = await body_of(request)
+            result = await while_client_waits(request.receive, handler(body), manager.request_timeout)
         except RequestError as e:
             return _error(400, e.message, e.field)
         except SchedulerError as e:
             return _error(500, str(e), None, "InternalServerError")
+        except SchedulerUnavailable as e:
+            return _error(503, str(e), None, "ServiceUnavailableError")
+        except RequestTimedOut as e:
+            return _error(504, str(e), None, "TimeoutError")
+        except ClientDisconnected:  # no one reads it; SGLang answers an abandoned request 400 too
+            return _error(400, "the client disconnected; the request was withdrawn")
         exclude_none = not isinstance(result, SystemOneResponse)  # System One keeps its nulls
         response = JSONResponse(content=result.model_dump(exclude_none=exclude_none))
         clock.lap("respond")
@@ -139,7 +147,10 @@ def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> 
         next gap between rounds, so it never refuses for running requests and
         ``timeout`` (SGLang's wait for an idle server) has nothing to wait for."""
         manager.start()
-        done = await manager.flush_cache()
+        try:
+            done = await manager.flush_cache()
+        except SchedulerUnavailable as e:
+            return _error(503, str(e), None, "ServiceUnavailableError")
         if done.error:
             return Response(content=f"Flush cache failed: {done.error}\n", status_code=400)
         return Response(content="Cache flushed.\n", status_code=200)
