@@ -130,8 +130,9 @@ class TokenizerManager:
             await self.work.send_pyobj(make(rid))
             return await future
         except asyncio.CancelledError:
-            if not future.done():  # not sent yet, waiting or running: the scheduler drops it if it waits
-                self.work.send_pyobj(Abort(rid))  # not awaited: a cancelled task sends without waiting
+            # Not sent yet, waiting or running (cancelling the task cancelled the
+            # future too): the scheduler drops it if it still waits, ignores it otherwise.
+            self.work.send_pyobj(Abort(rid))  # not awaited: a cancelled task sends without waiting
             raise
         finally:
             self.pending.pop(rid, None)

@@ -33,6 +33,15 @@ def rounds(log_text: str) -> list[tuple[int, int]]:
     return [(int(m[1]), int(m[3])) for m in ROUND_LINE.finditer(log_text)]
 
 
+def logged_rounds(log, count: int, timeout: float = 60.0) -> str:
+    """The server log's text once it shows ``count`` rounds (each is logged just
+    after its answers are sent)."""
+    deadline = time.time() + timeout
+    while len(rounds(text := log.read_text())) < count and time.time() < deadline:
+        time.sleep(0.05)
+    return text
+
+
 @dataclass
 class Call:
     """One request sent from a thread: its status, body and when it was answered."""
