@@ -5,7 +5,10 @@ Routes (same wire format as SGLang, its own pydantic models): ``POST
 ``GET /health``, ``/model_info``, ``/get_model_info``, ``/server_info``, ``/v1/models``,
 ``/metrics``. Bad input is answered 400 with SGLang's ``ErrorResponse`` whose
 ``param`` names the field;
-``--api-key`` requires ``Authorization: Bearer <key>`` (401 otherwise).
+``--api-key`` requires ``Authorization: Bearer <key>`` (401 otherwise). A
+scheduler that failed, a stopping server or a full queue is answered 503, a
+request past ``--request-timeout`` 504; a request whose client went away is
+withdrawn (:mod:`.cancellation`).
 """
 
 from __future__ import annotations

@@ -126,8 +126,8 @@ def serve(args: ServeArgs) -> None:
                          tokenizer_path=args.tokenizer_path, **graphs, **cache)
     scheduler = multiprocessing.get_context("spawn").Process(
         target=run_scheduler, args=(engine_kwargs, addrs["work"], addrs["done"], capacity, fraction, log_level),
-        kwargs=dict(heartbeat_addr=addrs["heartbeat"], heartbeat_interval=heartbeat_interval(limits["heartbeat_timeout"]),
-                    round_seconds=limits["round_seconds"]),
+        kwargs=dict(heartbeat_addr=addrs["heartbeat"], round_seconds=limits["round_seconds"],
+                    heartbeat_interval=heartbeat_interval(limits["heartbeat_timeout"])),
         daemon=True,
     )
     signals = _StopSignals()
@@ -135,7 +135,7 @@ def serve(args: ServeArgs) -> None:
         scheduler.start()
         # The HTTP side's imports while the scheduler loads the model.
         server = _http_server(args, path, capacity, limits, http_log_level, addrs, scheduler, heartbeats,
-                              lambda: _wait_ready(waiting, scheduler))
+                              wait_ready=lambda: _wait_ready(waiting, scheduler))
         server.run()
         if server.monitor.failure is not None:
             raise SchedulerFailed(f"{server.monitor.failure}; the server stopped")
@@ -152,8 +152,9 @@ def serve(args: ServeArgs) -> None:
 
 
 def _http_server(args: ServeArgs, path: str, capacity: RoundCapacity, limits: dict, http_log_level: str,
-                 addrs: dict, scheduler, heartbeats, ready):
-    # The tokenizer manager, the app and uvicorn's server over them, once ready() has the scheduler's SchedulerReady.
+                 addrs: dict, scheduler, heartbeats, wait_ready):
+    # The tokenizer manager, the app and uvicorn's server over them, once
+    # wait_ready() has the scheduler's SchedulerReady (imported before: meanwhile).
     import asyncio
 
     import uvicorn
@@ -165,7 +166,7 @@ def _http_server(args: ServeArgs, path: str, capacity: RoundCapacity, limits: di
     from .metrics import Metrics
     from .tokenizer_manager import TokenizerManager
 
-    ready = ready()
+    ready = wait_ready()
     done = zmq.asyncio.Context.instance().socket(zmq.PULL)
     done.bind(addrs["done"])
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or path)

@@ -122,7 +122,9 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
                 withdrawn.add(w.rid)
                 continue
             if isinstance(w, FlushCache):  # between two rounds: none is running
-                done.send_pyobj(_flush(engine, w))
+                with clock.running():  # the watchdog's too
+                    flushed = _flush(engine, w)
+                done.send_pyobj(flushed)
                 remeasure()
                 continue
             try:

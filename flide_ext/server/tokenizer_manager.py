@@ -57,9 +57,9 @@ class TokenizerManager:
         max_queued_requests: most requests sent to the scheduler and not yet
             answered (SGLang's ``--max-queued-requests``); one more is refused
             at once (:data:`QUEUE_FULL`, HTTP 503). None: no limit.
-        request_timeout: seconds a request may take, from its arrival, before
-            it is withdrawn and answered 504 (``--request-timeout``; None: no
-            limit); applied by the HTTP server, which owns the request.
+        request_timeout: seconds a request may take, from when its body was
+            read, before it is withdrawn and answered 504 (``--request-timeout``;
+            None: no limit); applied by the HTTP server, which owns the request.
     """
 
     def __init__(self, tokenizer, context_length: int, vocab_size: int, work_addr: str, done_socket, metrics: Metrics,
