@@ -16,6 +16,10 @@ checkpoint of a real Qwen3.5 shape with the Qwen3.5 tokenizer, for benchmarks.
 
 Exit status: 0 when every request was answered, 1 when some were refused (their
 error lines say why), 2 when the command itself cannot run (one line on stderr).
+``flide serve`` exits 1 when its scheduler failed while serving (it exited,
+stopped sending heartbeats, or ran a round past ``--watchdog-timeout``; one line
+on stderr says which, after every request was answered 503), 2 when it cannot
+start; stopped by SIGTERM or SIGINT, it ends by that signal.
 """
 
 from __future__ import annotations
@@ -168,11 +172,14 @@ def run_make_checkpoint(args) -> int:
 
 
 def run_serve(args) -> int:
-    from ..server.launch import ServeArgs, serve
+    from ..server.launch import SchedulerFailed, ServeArgs, serve
 
     fields = {k: v for k, v in vars(args).items() if k in ServeArgs.__dataclass_fields__ and v is not None}
     try:
         serve(ServeArgs(**fields))
+    except SchedulerFailed as e:
+        print(f"flide: error: {e}", file=sys.stderr)
+        return 1
     except (FlideError, ValueError) as e:
         raise CLIError(str(e)) from None
     return 0
@@ -243,6 +250,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--body-read-timeout", metavar="SECONDS",
                        help=f"seconds a request body may take to arrive; a slower one is refused with 408 "
                        f"(default: {served.body_read_timeout:g})")
+    serve.add_argument("--watchdog-timeout", type=float, metavar="S",
+                       help="a round running longer than S seconds takes the server down, every request answered 503 "
+                       f"(SGLang's flag; default: {served.watchdog_timeout:g})")
+    serve.add_argument("--max-queued-requests", type=int, metavar="N",
+                       help="refuse a request with 503 while N are sent to the scheduler and not yet answered "
+                       "(SGLang's flag; default: no limit)")
+    serve.add_argument("--request-timeout", type=float, metavar="S",
+                       help="answer a request 504 after S seconds and withdraw it (default: no limit)")
+    serve.add_argument("--heartbeat-timeout", type=float, metavar="S",
+                       help="a scheduler silent for S seconds (stopped or hung) takes the server down, every request "
+                       f"answered 503 (default: {served.heartbeat_timeout:g})")
+    serve.add_argument("--round-seconds", type=float, metavar="S",
+                       help="hold each round to about S seconds, from past rounds' seconds per stream token; the first "
+                       f"waiting request always goes (default: {served.round_seconds:g})")
     serve.set_defaults(func=run_serve)
     return parser
 

@@ -10,10 +10,13 @@ dtype, device, API key, random seed, context length, served model name,
 ``off``), ``--disable-radix-cache`` (no state cache), ``--mem-fraction-static``
 (the state cache's budget, :mod:`flide_ext.server.cache_args`), the
 deterministic switch and ``--enable-cache-report`` (Flide always reports cached
-tokens). ``--state-cache-gb``, ``--max-body-mb`` and ``--body-read-timeout``
-(Flide's own) are added to SGLang's flags. Any
-other flag set away from its default is refused with a message naming it (Flide
-does not silently ignore a setting).
+tokens), ``--watchdog-timeout`` (a round's time limit) and ``--max-queued-requests``
+(requests sent to the scheduler and not yet answered). ``--state-cache-gb``,
+``--max-body-mb``, ``--body-read-timeout``, ``--request-timeout``,
+``--heartbeat-timeout`` and ``--round-seconds`` (Flide's own) are added to
+SGLang's flags. Any other flag set away from its default is refused with a
+message naming it (Flide does not silently ignore a setting). A scheduler that
+fails while serving ends the launcher with status 1.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ MAPPED = {
     "context_length", "served_model_name", "decision_mode", "max_prefill_tokens", "max_running_requests",
     "disable_cuda_graph", "disable_radix_cache", "mem_fraction_static", "state_cache_gb",
     "log_level", "log_level_http", "max_body_mb", "body_read_timeout",
+    "watchdog_timeout", "max_queued_requests", "request_timeout", "heartbeat_timeout", "round_seconds",
 }
 # Accepted without effect: the engine's answers are already the same bits at
 # any load on the CPU reference, and do not depend on graphs or padding on the GPU.
@@ -60,6 +64,18 @@ def _add_flag(result, parser: argparse.ArgumentParser):
         help=f"Under --decision-mode: seconds a request body may take to arrive; a slower one is refused with "
         f"408 (default: {BODY_READ_TIMEOUT_S:g}).",
     )
+    from ..server.launch import ServeArgs
+
+    served = ServeArgs("")  # Flide's defaults, as the help states them
+    parser.add_argument("--request-timeout", type=float, metavar="S",
+                        help="Under --decision-mode: answer a request 504 after S seconds and withdraw it "
+                        "(default: no limit).")
+    parser.add_argument("--heartbeat-timeout", type=float, metavar="S",
+                        help="Under --decision-mode: a scheduler silent for S seconds takes the server down "
+                        f"(default: {served.heartbeat_timeout:g}).")
+    parser.add_argument("--round-seconds", type=float, metavar="S",
+                        help="Under --decision-mode: hold each round to about S seconds, from past rounds' "
+                        f"seconds per stream token (default: {served.round_seconds:g}).")
     return result
 
 
@@ -111,6 +127,7 @@ def serve_args(args: argparse.Namespace):
         **{name: getattr(args, name) for name in ("log_level", "log_level_http") if getattr(args, name, None)},
         **{name: getattr(args, name) for name in ("max_body_mb", "body_read_timeout")
            if getattr(args, name, None) is not None},
+        **_liveness(args),
     )
 
 
@@ -124,6 +141,16 @@ def _capacity(args: argparse.Namespace) -> dict:
         out["max_round_requests"] = args.max_running_requests
     if getattr(args, "disable_cuda_graph", False):
         out["cuda_graphs"] = "off"
+    return out
+
+
+def _liveness(args: argparse.Namespace) -> dict:
+    # SGLang's --watchdog-timeout (its default included) and --max-queued-requests,
+    # and Flide's own liveness flags when given (ServeArgs holds their defaults).
+    out = {"watchdog_timeout": args.watchdog_timeout, "max_queued_requests": args.max_queued_requests}
+    for name in ("request_timeout", "heartbeat_timeout", "round_seconds"):
+        if getattr(args, name, None) is not None:
+            out[name] = getattr(args, name)
     return out
 
 
@@ -145,10 +172,13 @@ def _around_from_cli_args(original, *call_args, **kwargs):
         print(f"--decision-mode: Flide cannot honour {', '.join(refused)}; remove them", file=sys.stderr)
         sys.exit(2)
     from ..protocol.errors import FlideError
-    from ..server.launch import serve
+    from ..server.launch import SchedulerFailed, serve
 
     try:
         serve(serve_args(args))
+    except SchedulerFailed as e:
+        print(f"--decision-mode: {e}", file=sys.stderr)
+        sys.exit(1)
     except (FlideError, ValueError) as e:
         print(f"--decision-mode: {e}", file=sys.stderr)
         sys.exit(2)

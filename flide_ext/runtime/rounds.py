@@ -7,6 +7,10 @@ CUDA-graph capacities), so the scheduler packs waiting requests in arrival
 order, taking every request that still fits: a request never waits behind a
 round that could have held it. A request larger than a whole round is refused
 with a :class:`~flide_ext.protocol.errors.RequestError` naming the field, never truncated.
+
+A round may also be held to a time budget (:class:`RoundPace`): fewer tokens
+than the capacity, so a burst is answered in several short rounds rather than
+one long one. Which round a request joins never changes its answer's bits.
 """
 
 from __future__ import annotations
@@ -39,23 +43,27 @@ def request_size(prompts: Sequence[Sequence[int]], field: str = "prompts") -> Re
     return RequestSize(sum(len(seg.tokens) for seg in tree.segments), len(tree.segments))
 
 
-def pack_round(sizes: Sequence[Optional[RequestSize]], capacity: RoundCapacity) -> list[int]:
+def pack_round(sizes: Sequence[Optional[RequestSize]], capacity: RoundCapacity,
+               budget: Optional[int] = None) -> list[int]:
     """Which waiting requests the next round takes.
 
     Args:
         sizes: the waiting requests in arrival order (None: already refused, skipped).
         capacity: the round's capacity; every size must pass :meth:`RoundCapacity.check`.
+        budget: at most this many stream tokens (a time budget's share,
+            :class:`RoundPace`), below the capacity's; None: the capacity's.
 
     Returns:
-        Indices into ``sizes``, ascending: each request, in order, that still fits
-        in what the requests before it left (so the first that fits a round
-        always goes).
+        Indices into ``sizes``, ascending: the first request, then each one, in
+        order, that still fits in what the requests before it left. The first
+        always goes, whatever the budget, so no request waits forever.
     """
+    most = capacity.tokens if budget is None else min(capacity.tokens, budget)
     taken, tokens, segments = [], 0, 0
     for i, size in enumerate(sizes):
         if size is None or len(taken) == capacity.requests:
             continue
-        if tokens + size.tokens <= capacity.tokens and segments + size.segments <= capacity.segments:
+        if not taken or (tokens + size.tokens <= most and segments + size.segments <= capacity.segments):
             taken.append(i)
             tokens += size.tokens
             segments += size.segments
@@ -114,9 +122,59 @@ class RoundQueue(Generic[Item]):
         self._waiting = kept
         return refused
 
-    def next_round(self) -> list:
-        """The items of the next round, in arrival order (empty when none wait)."""
+    def remove(self, match) -> list:
+        """Withdraw the waiting items for which ``match(item)`` is true.
+
+        Returns:
+            The withdrawn items, in arrival order.
+        """
+        gone = [item for item, _, _ in self._waiting if match(item)]
+        if gone:
+            self._waiting = deque(entry for entry in self._waiting if not match(entry[0]))
+        return gone
+
+    def next_round(self, budget: Optional[int] = None) -> list:
+        """The items of the next round, in arrival order (empty when none wait);
+        ``budget`` caps its stream tokens, as in :func:`pack_round`."""
         waiting = list(self._waiting)
-        taken = set(pack_round([size for _, size, _ in waiting], self.capacity))
+        taken = set(pack_round([size for _, size, _ in waiting], self.capacity, budget))
         self._waiting = deque(entry for i, entry in enumerate(waiting) if i not in taken)
         return [item for i, (item, _, _) in enumerate(waiting) if i in taken]
+
+
+class RoundPace:
+    """How many stream tokens a round may take to last about ``seconds``.
+
+    Estimated from the rounds already run: seconds per stream token, averaged
+    over past rounds weighted by their tokens and halving each older round's
+    weight, so large rounds (where a round's fixed cost matters least) count
+    most and a change of load is followed within a few rounds.
+
+    Args:
+        seconds: the rounds' time budget, in seconds (> 0).
+
+    Raises:
+        ValueError: ``seconds`` is not positive.
+    """
+
+    def __init__(self, seconds: float):
+        if not seconds > 0:
+            raise ValueError(f"a round's time budget must be positive seconds, not {seconds!r}")
+        self.seconds = seconds
+        self._seconds = 0.0
+        self._tokens = 0.0
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """A round of ``tokens`` stream tokens took ``seconds``."""
+        if tokens > 0:
+            self._seconds = self._seconds / 2 + seconds
+            self._tokens = self._tokens / 2 + tokens
+
+    def budget(self) -> int:
+        """Stream tokens the next round may hold (0 before any round ran: the
+        first request alone, which :func:`pack_round` always takes, measures the pace)."""
+        if self._tokens == 0:
+            return 0
+        if self._seconds <= 0:
+            return 2**62  # rounds faster than the clock: no bound but the capacity
+        return int(self.seconds * self._tokens / self._seconds)

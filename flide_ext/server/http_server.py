@@ -12,7 +12,9 @@ middleware (``sglang.srt.utils.auth``: every route but the probes and
 ``/metrics``, any case of ``Bearer``, constant-time, OPTIONS open; 401
 ``{"error": "Unauthorized"}``). Every response carries ``X-Request-Id``
 (:mod:`.request_ids`); bodies are limited in size and time
-(:class:`~.body_limits.BodyLimits`).
+(:class:`~.body_limits.BodyLimits`). A scheduler that failed, a stopping server
+or a full queue is answered 503, a request past ``--request-timeout`` 504; a
+request whose client went away is withdrawn (:mod:`.cancellation`).
 """
 
 from __future__ import annotations
@@ -35,11 +37,12 @@ from sglang.srt.utils.auth import AuthLevel, add_api_key_middleware, auth_level
 from ..protocol.errors import RequestError
 from ..version import __version__
 from .body_limits import BODY_READ_TIMEOUT_S, MAX_BODY_MB, BodyLimits, body_limits
+from .cancellation import ClientDisconnected, RequestTimedOut, while_client_waits
 from .http_errors import error_response, require_json, validation_error
 from .http_middleware import ObservedApp
 from .metrics import Metrics, RequestClock
 from .request_ids import RID
-from .tokenizer_manager import CLOCK, SchedulerError, TokenizerManager
+from .tokenizer_manager import CLOCK, SchedulerError, SchedulerUnavailable, TokenizerManager
 
 logger = logging.getLogger(__name__)
 # SGLang's API-key middleware and System One handler answer with ORJSONResponse,
@@ -88,12 +91,19 @@ def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> 
         clock = RequestClock()
         CLOCK.set(clock)  # this request's task only
         try:
-            result = await handler(await body_of(request))
+            body = await body_of(request)
+            result = await while_client_waits(request.receive, handler(body), manager.request_timeout)
         except RequestError as e:
             return error_response(400, e.message, e.field)
         except SchedulerError as e:
             logger.error("%s %s failed: %s rid=%s", request.method, request.url.path, e, RID.get())
             return error_response(500, str(e), None, "InternalServerError")
+        except SchedulerUnavailable as e:
+            return error_response(503, str(e), None, "ServiceUnavailableError")
+        except RequestTimedOut as e:
+            return error_response(504, str(e), None, "TimeoutError")
+        except ClientDisconnected:  # no one reads it; SGLang answers an abandoned request 400 too
+            return error_response(400, "the client disconnected; the request was withdrawn")
         exclude_none = not isinstance(result, SystemOneResponse)  # System One keeps its nulls
         response = JSONResponse(content=result.model_dump(exclude_none=exclude_none))
         clock.lap("respond")
@@ -125,7 +135,10 @@ def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> 
         next gap between rounds, so it never refuses for running requests and
         ``timeout`` (SGLang's wait for an idle server) has nothing to wait for."""
         manager.start()
-        done = await manager.flush_cache()
+        try:
+            done = await manager.flush_cache()
+        except SchedulerUnavailable as e:
+            return error_response(503, str(e), None, "ServiceUnavailableError")
         if done.error:
             return Response(content=f"Flush cache failed: {done.error}\n", status_code=400)
         return Response(content="Cache flushed.\n", status_code=200)

@@ -122,3 +122,25 @@ class SchedulerReady:
     vocab_size: int
     context_length: int
     info: dict = field(default_factory=dict)
+
+
+@dataclass
+class Abort:
+    """Withdraw request ``rid`` (its client went away, or it passed
+    ``--request-timeout``): the scheduler drops it if it still waits; a round
+    that already took it is not interrupted, and its answer is not awaited."""
+
+    rid: int
+
+
+@dataclass
+class Heartbeat:
+    """The scheduler's sign of life, sent by a thread of its own every interval,
+    whatever its rounds are doing.
+
+    Attributes:
+        round_seconds: how long the round now running has run (None between
+            rounds), for the watchdog (``--watchdog-timeout``).
+    """
+
+    round_seconds: Optional[float] = None

@@ -1,10 +1,28 @@
 """Start Flide's server: the scheduler process, then the tokenizer manager and
-the HTTP server (uvicorn) in this process."""
+the HTTP server (uvicorn) in this process; and stop both, whatever happens.
+
+* The scheduler fails (its process exits, sends no heartbeat for
+  ``--heartbeat-timeout`` seconds, or runs a round past ``--watchdog-timeout``,
+  :mod:`.liveness`): every waiting and every new request is answered 503 with
+  why, ``/health`` answers 503, and after :data:`FAILED_LINGER_SECONDS` the
+  server stops and :func:`serve` raises :class:`SchedulerFailed` (``flide
+  serve`` and ``--decision-mode`` exit 1), so a supervisor restarts it.
+* SIGTERM or SIGINT (either, or both, at any moment: while the model loads or
+  mid-round): every waiting request is answered 503, the scheduler is stopped
+  (SIGTERM and SIGCONT, then SIGKILL after :data:`STOP_GRACE_SECONDS`), then this process
+  ends by that signal, as a process that does not handle it would (by the
+  later of two: uvicorn passes on the signals it caught, last first).
+* The scheduler never outlives this process, even one killed with SIGKILL
+  (:func:`~.liveness.die_with_parent`).
+"""
 
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 import tempfile
+import threading
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -15,6 +33,13 @@ from .body_limits import BODY_READ_TIMEOUT_S, MAX_BODY_MB, body_limits
 _ROUND = RoundCapacity()  # the round-capacity defaults
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 HTTP_LOG_LEVELS = ("trace",) + LOG_LEVELS  # uvicorn's
+FAILED_LINGER_SECONDS = 1.0  # a failed server answers 503 this long (probes see it), then exits
+STOP_GRACE_SECONDS = 3.0  # the scheduler's time to end on SIGTERM before SIGKILL
+
+
+class SchedulerFailed(FlideError):
+    """The scheduler process failed while serving (why, in words); every request
+    was answered 503 and the server has stopped."""
 
 
 @dataclass
@@ -43,16 +68,27 @@ class ServeArgs:
     log_level_http: Optional[str] = None  # uvicorn's (access log at info); None: log_level
     max_body_mb: Union[float, str] = MAX_BODY_MB  # MiB; a number, or its text as given (checked by serve)
     body_read_timeout: Union[float, str] = BODY_READ_TIMEOUT_S  # seconds, likewise
+    watchdog_timeout: float = 300.0  # SGLang's default: seconds a round may run before the server exits
+    max_queued_requests: Optional[int] = None  # SGLang's: requests sent and not yet answered (None: no limit)
+    request_timeout: Optional[float] = None  # seconds a request may take (504 after); None: no limit
+    heartbeat_timeout: float = 30.0  # seconds without a scheduler heartbeat before it counts as stopped
+    round_seconds: float = 1.0  # a round's time budget: its tokens capped by past rounds' seconds per token
 
 
 def serve(args: ServeArgs) -> None:
-    """Run the server until interrupted.
+    """Run the server until it is stopped (SIGTERM, SIGINT) or its scheduler fails.
+
+    A SIGTERM or SIGINT ends this process by that signal once both processes
+    have stopped (see the module's docstring).
 
     Raises:
-        FlideError: the model or tokenizer cannot be loaded; a round capacity below
+        FlideError: the model or tokenizer cannot be loaded, or the scheduler
+            process exited while loading it; a round capacity below
             1; an unknown log level; an unknown CUDA-graph mode, graphs on a CPU device, or a malformed
             graph capacity list; a bad state-cache flag (:func:`~.cache_args.cache_settings`); a body
-            limit that is not a positive number (:func:`~.body_limits.body_limits`).
+            limit that is not a positive number (:func:`~.body_limits.body_limits`); a liveness or
+            queue flag that is not a positive number (:func:`_limits`).
+        SchedulerFailed: the scheduler failed while serving.
     """
     from .cache_args import cache_settings
 
@@ -66,21 +102,16 @@ def serve(args: ServeArgs) -> None:
     log_level, http_log_level = _log_levels(args)
     cache, fraction = cache_settings(args.disable_radix_cache, args.state_cache_gb, args.mem_fraction_static,
                                      args.device)
-    max_body_bytes, body_read_timeout = body_limits(args.max_body_mb, args.body_read_timeout)
+    limits = _limits(args)
+    limits["max_body_bytes"], limits["body_read_timeout"] = body_limits(args.max_body_mb, args.body_read_timeout)
 
     import shutil
 
-    import uvicorn
     import zmq
-    import zmq.asyncio
-    from transformers import AutoTokenizer
 
     from ..assets.builtin_models import resolve_model_path
-    from .http_server import ServerInfo, build_app
-    from .metrics import Metrics
-    from .request_ids import uvicorn_log_config
+    from .liveness import heartbeat_interval
     from .scheduler import run_scheduler
-    from .tokenizer_manager import TokenizerManager
 
     if args.random_seed is not None:
         import torch
@@ -88,44 +119,200 @@ def serve(args: ServeArgs) -> None:
         torch.manual_seed(args.random_seed)
     path = str(resolve_model_path(args.model_path))
     ipc = tempfile.mkdtemp(prefix="flide-")
-    work_addr, done_addr = f"ipc://{ipc}/work", f"ipc://{ipc}/done"
+    addrs = {name: f"ipc://{ipc}/{name}" for name in ("work", "done", "heartbeat")}
     # The readiness message is read synchronously; the asyncio socket that reads
     # results is bound on the same address afterwards (ZMQ reconnects the pusher).
     sync = zmq.Context()
     waiting = sync.socket(zmq.PULL)
-    waiting.bind(done_addr)
+    waiting.bind(addrs["done"])
+    heartbeats = sync.socket(zmq.PULL)
+    heartbeats.bind(addrs["heartbeat"])
     engine_kwargs = dict(model_path=path, dtype=args.dtype, device=args.device, context_length=args.context_length,
                          tokenizer_path=args.tokenizer_path, **graphs, **cache)
     scheduler = multiprocessing.get_context("spawn").Process(
-        target=run_scheduler, args=(engine_kwargs, work_addr, done_addr, capacity, fraction, log_level),
-        daemon=True
+        target=run_scheduler, args=(engine_kwargs, addrs["work"], addrs["done"], capacity, fraction, log_level),
+        kwargs=dict(heartbeat_addr=addrs["heartbeat"], round_seconds=limits["round_seconds"],
+                    heartbeat_interval=heartbeat_interval(limits["heartbeat_timeout"])),
+        daemon=True,
     )
-    scheduler.start()
-    ready = waiting.recv_pyobj()
-    waiting.close(linger=0)
-    sync.term()
-    if isinstance(ready, Exception):
-        scheduler.join(5)
+    signals = _StopSignals()
+    try:
+        scheduler.start()
+        # The HTTP side's imports while the scheduler loads the model.
+        server = _http_server(args, path, capacity, limits, http_log_level, addrs, scheduler, heartbeats,
+                              wait_ready=lambda: _wait_ready(waiting, scheduler))
+        server.run()
+        if server.monitor.failure is not None:
+            raise SchedulerFailed(f"{server.monitor.failure}; the server stopped")
+        if not server.started:  # uvicorn could not listen (it logged why)
+            raise FlideError(f"the HTTP server could not start on {args.host}:{args.port}")
+    except _Stopped as stop:
+        signals.received = stop.signum
+    finally:
+        signals.defer()  # a second signal now must not cut the cleanup short
+        _stop(scheduler)
+        sync.destroy(linger=0)
         shutil.rmtree(ipc, ignore_errors=True)
-        raise FlideError(str(ready))
+        signals.restore()
+
+
+def _http_server(args: ServeArgs, path: str, capacity: RoundCapacity, limits: dict, http_log_level: str,
+                 addrs: dict, scheduler, heartbeats, wait_ready):
+    # The tokenizer manager, the app and uvicorn's server over them, once
+    # wait_ready() has the scheduler's SchedulerReady (imported before: meanwhile).
+    import asyncio
+
+    import uvicorn
+    import zmq.asyncio
+    from transformers import AutoTokenizer
+
+    from .http_server import ServerInfo, build_app
+    from .liveness import SchedulerMonitor
+    from .metrics import Metrics
+    from .request_ids import uvicorn_log_config
+    from .tokenizer_manager import TokenizerManager
+
+    ready = wait_ready()
     done = zmq.asyncio.Context.instance().socket(zmq.PULL)
-    done.bind(done_addr)
+    done.bind(addrs["done"])
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or path)
     metrics = Metrics()
     stats = ready.info.get("cache", {"enabled": False})
     metrics.cache(stats)
     served = args.served_model_name or args.model_path
-    manager = TokenizerManager(tokenizer, ready.context_length, ready.vocab_size, work_addr, done, metrics, served,
-                               capacity, resumes=bool(stats.get("enabled")))
+    manager = TokenizerManager(tokenizer, ready.context_length, ready.vocab_size, addrs["work"], done, metrics, served,
+                               capacity, resumes=bool(stats.get("enabled")),
+                               max_queued_requests=limits["max_queued_requests"],
+                               request_timeout=limits["request_timeout"])
     info = ServerInfo(path, args.served_model_name or args.model_path, ready.context_length, ready.vocab_size,
                       args.dtype, args.device, args.api_key, args.disable_radix_cache, stats.get("budget_bytes", 0),
-                      stats.get("max_tokens", 0), max_body_bytes, body_read_timeout)
+                      stats.get("max_tokens", 0), limits["max_body_bytes"], limits["body_read_timeout"])
     app = build_app(manager, info, metrics)
-    try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=http_log_level, log_config=uvicorn_log_config())
-    finally:
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, which watches the scheduler while it serves and,
+        stopping, answers every request still waiting (503), then stops the
+        scheduler (before uvicorn passes on a signal it caught)."""
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.monitor = SchedulerMonitor(scheduler, heartbeats, limits["heartbeat_timeout"],
+                                            limits["watchdog_timeout"], self._scheduler_failed)
+
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            manager.start()
+            self.monitor.start()
+
+        def _scheduler_failed(self, reason: str) -> None:
+            manager.fail(f"{reason}; the server is stopping")
+            asyncio.get_running_loop().call_later(FAILED_LINGER_SECONDS, setattr, self, "should_exit", True)
+
+        async def shutdown(self, sockets=None):
+            self.monitor.stop()
+            manager.fail("the server is shutting down")
+            await super().shutdown(sockets)
+            _stop(scheduler)
+
+    return Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=http_log_level,
+                                 log_config=uvicorn_log_config()))
+
+
+def _wait_ready(socket, scheduler):
+    # The scheduler's SchedulerReady, or FlideError: its load failed or its process exited.
+    while not socket.poll(500):
+        if scheduler.exitcode is not None:
+            raise FlideError(f"the scheduler process exited with code {scheduler.exitcode} while loading the model")
+    ready = socket.recv_pyobj()
+    socket.close(linger=0)
+    if isinstance(ready, Exception):
+        raise FlideError(str(ready))
+    return ready
+
+
+def _stop(scheduler) -> None:
+    # SIGTERM ends it at once even mid-round (it installs no handler); SIGCONT
+    # lets a stopped one (SIGSTOP) take it; SIGKILL if it has not ended even so.
+    if scheduler.pid is None:
+        return
+    if scheduler.is_alive():
         scheduler.terminate()
-        shutil.rmtree(ipc, ignore_errors=True)
+        try:
+            os.kill(scheduler.pid, signal.SIGCONT)
+        except (OSError, AttributeError):  # gone already, or no SIGCONT on this system
+            pass
+        scheduler.join(STOP_GRACE_SECONDS)
+    if scheduler.is_alive():
+        scheduler.kill()
+    scheduler.join()
+
+
+class _Stopped(BaseException):
+    """SIGTERM or SIGINT outside uvicorn's own handling of them: while the model
+    loads, or as uvicorn passes on the one it caught."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+
+
+class _StopSignals:
+    """serve()'s handling of SIGTERM and SIGINT (in the main thread only, where
+    Python delivers signals): raised as :class:`_Stopped` while serving, then
+    deferred during the cleanup, then this process ends by the one that stopped it."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.received: Optional[int] = None
+        self.active = threading.current_thread() is threading.main_thread()
+        self.previous = {}
+        if self.active:
+            self.previous = {sig: signal.signal(sig, self._raise) for sig in self.SIGNALS}
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise _Stopped(signum)
+
+    def _note(self, signum, frame):
+        if self.received is None:
+            self.received = signum
+
+    def defer(self) -> None:
+        if self.active:
+            for sig in self.SIGNALS:
+                signal.signal(sig, self._note)
+
+    def restore(self) -> None:
+        if not self.active:
+            return
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        if self.received is not None:
+            signal.signal(self.received, signal.SIG_DFL)
+            signal.raise_signal(self.received)
+
+
+def _limits(args: ServeArgs) -> dict:
+    # The liveness and queue flags, checked before any process starts.
+    out = {}
+    for name, flag, kind, optional in (("watchdog_timeout", "--watchdog-timeout", float, False),
+                                       ("heartbeat_timeout", "--heartbeat-timeout", float, False),
+                                       ("request_timeout", "--request-timeout", float, True),
+                                       ("max_queued_requests", "--max-queued-requests", int, True),
+                                       ("round_seconds", "--round-seconds", float, False)):
+        value = getattr(args, name)
+        if value is None and optional:
+            out[name] = None
+            continue
+        try:
+            number = kind(value)
+        except (TypeError, ValueError):
+            number = None
+        if number is None or not number > 0 or (kind is int and number != value):
+            raise FlideError(f"{flag} must be a positive {'integer' if kind is int else 'number of seconds'}, "
+                             f"not {value!r}")
+        out[name] = number
+    return out
 
 
 def _log_levels(args: ServeArgs) -> tuple[str, str]:

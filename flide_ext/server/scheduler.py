@@ -11,15 +11,27 @@ and again whenever the cache changes (after a round or a flush). Each round is
 one flat stream (``Engine.run_round``); every request resumes from the engine's
 state cache and leaves its state there.
 
+A round may also be held to a time budget (``--round-seconds``,
+:class:`~flide_ext.runtime.rounds.RoundPace`): it takes the first waiting
+request and then only as many stream tokens as past rounds' seconds per token
+say fit the budget, so a burst is answered in several short rounds, the first
+ones early, instead of one long round that holds every client.
+
 A FlushCache empties the cache between two rounds (requests already waiting run
 after it, recomputing their states) and is answered at once; every answer
-carries the cache's stats after it, for ``/metrics``.
+carries the cache's stats after it, for ``/metrics``. An Abort withdraws a
+waiting request (its client went away or it timed out), which then never runs;
+a running round is not interrupted.
+
+The process heartbeats from a thread of its own and dies with its parent
+(:mod:`.liveness`); it ignores SIGINT (a terminal's Ctrl-C reaches the whole
+process group): the server stops it.
 """
 
 from __future__ import annotations
 
 import logging
-import os
+import signal
 import time
 import traceback
 from typing import Optional
@@ -28,15 +40,18 @@ import zmq
 
 from ..protocol.errors import RequestError
 from ..runtime.capacity import RoundCapacity
-from ..runtime.rounds import RoundQueue, request_size
+from ..runtime.rounds import RoundPace, RoundQueue, request_size
 from .cache_args import device_fraction_budget
-from .io_struct import FlushCache, FlushCacheDone, SchedulerReady, ScoreDone, ScoreWork
+from .io_struct import Abort, FlushCache, FlushCacheDone, SchedulerReady, ScoreDone, ScoreWork
+from .liveness import RoundClock, die_with_parent, start_heartbeat
 
 logger = logging.getLogger(__name__)
 
 
 def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity: RoundCapacity = RoundCapacity(),
-                  mem_fraction_static: Optional[float] = None, log_level: Optional[str] = None) -> None:
+                  mem_fraction_static: Optional[float] = None, log_level: Optional[str] = None,
+                  heartbeat_addr: Optional[str] = None, heartbeat_interval: float = 1.0,
+                  round_seconds: Optional[float] = None) -> None:
     """Process entry point: load the model, then serve rounds forever.
 
     Args:
@@ -51,7 +66,13 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
         log_level: the level of Flide's loggers in this process (the server's
             ``--log-level``; None leaves them as they are); at ``info`` each
             round is logged (:func:`log_round`), as SGLang logs its batches.
+        heartbeat_addr: ZMQ address heartbeats are pushed to (bound by the
+            server; None: none are sent), once the model is loaded.
+        heartbeat_interval: seconds between heartbeats.
+        round_seconds: a round's time budget in seconds (None: the capacity alone).
     """
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     context = zmq.Context()
     work = context.socket(zmq.PULL)
     work.bind(work_addr)
@@ -70,10 +91,13 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
     except Exception as e:  # report any start failure to the parent, then stop
         done.send_pyobj(RuntimeError(f"{type(e).__name__}: {e}"))
         return
+    clock = RoundClock()
+    if heartbeat_addr is not None:
+        start_heartbeat(context, heartbeat_addr, heartbeat_interval, clock)
     info = {"path": str(engine.path), "cache": engine.cache_stats()}
     done.send_pyobj(SchedulerReady(engine.vocab_size, engine.context_length, info))
-    parent = os.getppid()
     waiting: RoundQueue[ScoreWork] = RoundQueue(capacity)
+    pace = RoundPace(round_seconds) if round_seconds is not None else None
 
     def measure(w: ScoreWork):
         # What it computes if its round ran now: its tree less what it resumes.
@@ -86,29 +110,39 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
                 done.send_pyobj(ScoreDone(w.rid, error=e.message, error_field=e.field))
 
     while True:
-        # Wake up now and then to notice a parent that died without stopping us.
-        while not len(waiting) and not work.poll(1000):
-            if os.getppid() != parent:
-                return
+        if not len(waiting):
+            work.poll()  # the parent watch (liveness) ends this process if the server goes
+        withdrawn = set()
         while True:
             try:
                 w = work.recv_pyobj(zmq.NOBLOCK)
             except zmq.Again:
                 break
+            if isinstance(w, Abort):  # after its ScoreWork: one socket keeps their order
+                withdrawn.add(w.rid)
+                continue
             if isinstance(w, FlushCache):  # between two rounds: none is running
-                done.send_pyobj(_flush(engine, w))
+                with clock.running():  # the watchdog's too
+                    flushed = _flush(engine, w)
+                done.send_pyobj(flushed)
                 remeasure()
                 continue
             try:
                 waiting.put(w, measure(w), w.field)
             except RequestError as e:
                 done.send_pyobj(ScoreDone(w.rid, error=e.message, error_field=e.field))
-        batch = waiting.next_round()
+        if withdrawn:
+            gone = waiting.remove(lambda w: w.rid in withdrawn)
+            logger.debug("withdrew %d of %d abandoned requests before their round", len(gone), len(withdrawn))
+        batch = waiting.next_round(pace.budget() if pace is not None else None)
         if not batch:
             continue
         try:
             started, started_at = time.perf_counter(), time.time()
-            result = engine.run_round([(w.prompts, w.labels) for w in batch])
+            with clock.running():
+                result = engine.run_round([(w.prompts, w.labels) for w in batch])
+            if pace is not None:
+                pace.observe(result.stats.stream_tokens, time.perf_counter() - started)
             stats = engine.cache_stats()
             rs = result.stats
             finish = time.perf_counter() - started - rs.plan_seconds - rs.forward_seconds

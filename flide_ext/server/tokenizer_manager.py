@@ -26,7 +26,7 @@ from ..protocol.token_bound import TokenBound
 from ..protocol.token_requests import check_labels, check_prompts
 from ..runtime.capacity import RoundCapacity
 from ..runtime.rounds import request_size
-from .io_struct import FlushCache, FlushCacheDone, ScoreDone, ScoreWork
+from .io_struct import Abort, FlushCache, FlushCacheDone, ScoreDone, ScoreWork
 from .metrics import Metrics, RequestClock
 
 
@@ -37,6 +37,16 @@ CLOCK: ContextVar[Optional[RequestClock]] = ContextVar("flide_request_clock", de
 
 class SchedulerError(RuntimeError):
     """The scheduler could not answer (HTTP 500)."""
+
+
+class SchedulerUnavailable(RuntimeError):
+    """The scheduler cannot take the request (HTTP 503): it failed (its process
+    exited, stopped answering, or a round passed the watchdog limit), the server
+    is stopping, or ``--max-queued-requests`` are already waiting."""
+
+
+# SGLang's answer when its waiting queue is full (with HTTP 503).
+QUEUE_FULL = "The request queue is full."
 
 
 class TokenizerManager:
@@ -52,11 +62,18 @@ class TokenizerManager:
         resumes: the scheduler has a state cache: a request larger than a round
             may still fit one once it resumes from the cache, so the scheduler,
             not this manager, refuses it.
+        max_queued_requests: most requests sent to the scheduler and not yet
+            answered (SGLang's ``--max-queued-requests``); one more is refused
+            at once (:data:`QUEUE_FULL`, HTTP 503). None: no limit.
+        request_timeout: seconds a request may take, from when its body was
+            read, before it is withdrawn and answered 504 (``--request-timeout``;
+            None: no limit); applied by the HTTP server, which owns the request.
     """
 
     def __init__(self, tokenizer, context_length: int, vocab_size: int, work_addr: str, done_socket, metrics: Metrics,
                  served_model_name: str = "default", capacity: RoundCapacity = RoundCapacity(),
-                 resumes: bool = False):
+                 resumes: bool = False, max_queued_requests: Optional[int] = None,
+                 request_timeout: Optional[float] = None):
         from ..protocol.systemone import SystemOneRenderer
 
         self.tokenizer = tokenizer
@@ -77,6 +94,9 @@ class TokenizerManager:
         # Why the scheduler can no longer answer (its process exited, stopped
         # answering, or a round passed the watchdog limit); None while it can.
         self.scheduler_error: Optional[str] = None
+        self.max_queued_requests = max_queued_requests
+        self.request_timeout = request_timeout
+        self.queued = 0  # score requests sent and not yet answered or withdrawn
         self._receiver: Optional[asyncio.Task] = None
 
     def start(self) -> None:
@@ -92,17 +112,40 @@ class TokenizerManager:
             if future is not None and not future.done():  # a client may have gone away
                 future.set_result(done)
 
-    async def _ask(self, make):
-        # Send make(rid) to the scheduler and await the answer with that rid.
+    def fail(self, reason: str) -> None:
+        """The scheduler can no longer answer (``reason``, a sentence): every
+        awaited answer and every later request raises SchedulerUnavailable
+        (HTTP 503); ``/health`` answers 503. The first reason stays."""
+        if self.scheduler_error is None:
+            self.scheduler_error = reason
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(SchedulerUnavailable(self.scheduler_error))
+
+    async def _ask(self, make, queued: bool = False):
+        # Send make(rid) to the scheduler and await the answer with that rid;
+        # ``queued`` counts it against --max-queued-requests. Cancelled (its
+        # client went away, or it timed out), it is withdrawn from the scheduler.
+        if self.scheduler_error is not None:
+            raise SchedulerUnavailable(self.scheduler_error)
+        if queued and self.max_queued_requests is not None and self.queued >= self.max_queued_requests:
+            raise SchedulerUnavailable(QUEUE_FULL)
         self.start()
         rid = next(self.rids)
         future = asyncio.get_running_loop().create_future()
         self.pending[rid] = future
-        await self.work.send_pyobj(make(rid))
+        self.queued += queued
         try:
+            await self.work.send_pyobj(make(rid))
             return await future
+        except asyncio.CancelledError:
+            # Not sent yet, waiting or running (cancelling the task cancelled the
+            # future too): the scheduler drops it if it still waits, ignores it otherwise.
+            self.work.send_pyobj(Abort(rid))  # not awaited: a cancelled task sends without waiting
+            raise
         finally:
             self.pending.pop(rid, None)
+            self.queued -= queued
 
     async def score(self, prompts: List, labels: List[List[int]], field: str = "prompts") -> ScoreDone:
         """Run one request's prompts in the scheduler's next round (resuming from
@@ -118,6 +161,8 @@ class TokenizerManager:
             RequestError: on ``field``, when the prompts nest too deep or no round
                 can hold the request (even resuming from the state cache).
             SchedulerError: the round failed.
+            SchedulerUnavailable: the scheduler failed or the server is
+                stopping (now or while the request waited), or the queue is full.
         """
         prompts = [np.asarray(p, dtype=np.int64) for p in prompts]
         size = request_size(prompts, field)  # the one prefix tree the HTTP process builds
@@ -126,7 +171,7 @@ class TokenizerManager:
         clock = CLOCK.get()
         if clock is not None:
             clock.lap("tokenize")
-        done: ScoreDone = await self._ask(lambda rid: ScoreWork.pack(rid, prompts, labels, size, field))
+        done: ScoreDone = await self._ask(lambda rid: ScoreWork.pack(rid, prompts, labels, size, field), queued=True)
         if clock is not None:
             clock.stages.update(done.stages)
             clock.lap("transport")  # the whole round trip, less the scheduler's stages
@@ -140,7 +185,11 @@ class TokenizerManager:
 
     async def flush_cache(self) -> FlushCacheDone:
         """Empty the scheduler's state cache between two rounds; the answer's
-        ``error`` says why it failed."""
+        ``error`` says why it failed. Never refused for a full queue.
+
+        Raises:
+            SchedulerUnavailable: the scheduler failed or the server is stopping.
+        """
         return await self._ask(FlushCache)
 
     def _precheck(self, value, field: str) -> None:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import requests
 
@@ -36,11 +37,14 @@ def test_flags_flide_cannot_honour_are_refused(char_model_dir):
 
 
 def test_launch_server_decision_mode_answers_like_the_engine(char_model_dir, tmp_path):
+    """And a round past SGLang's --watchdog-timeout takes the server down: the
+    request is answered 503 with why, and the launcher exits 1 with one line."""
     port = free_port()
     log = tmp_path / "server.log"
     proc = subprocess.Popen(
         launch("--decision-mode", "--model-path", str(char_model_dir), "--port", str(port), "--api-key", "k",
-               "--context-length", "300", "--enable-deterministic-inference"),
+               "--context-length", "300", "--enable-deterministic-inference", "--watchdog-timeout", "1",
+               "--max-prefill-tokens", "65536"),
         stdout=open(log, "w"), stderr=subprocess.STDOUT, env=ENV,
     )
     url = f"http://127.0.0.1:{port}"
@@ -54,6 +58,14 @@ def test_launch_server_decision_mode_answers_like_the_engine(char_model_dir, tmp
                 assert abs(got["answers"][qid]["probabilities"][name] - p) <= 1e-6
         info = requests.get(f"{url}/server_info", headers={"Authorization": "Bearer k"}).json()
         assert info["decision_mode"] and info["context_length"] == 300 and info["device"] == "cpu"
+        # 200 prompts of 290 tokens: a round of seconds on the CPU.
+        heavy = {"query": [], "items": np.random.default_rng(0).integers(3, 128, (200, 290)).tolist(),
+                 "label_token_ids": [1, 2]}
+        r = requests.post(f"{url}/v1/score", json=heavy, headers={"Authorization": "Bearer k"}, timeout=60)
+        assert r.status_code == 503 and "past the watchdog limit (--watchdog-timeout 1)" in r.json()["message"], r.text
+        assert proc.wait(30) == 1
+        last = log.read_text().strip().splitlines()[-1]
+        assert last.startswith("--decision-mode: a round has run ") and last.endswith("; the server stopped"), last
     finally:
         proc.terminate()
         proc.wait(30)
@@ -138,3 +150,27 @@ def test_body_limits_are_flide_flags_under_sglangs_launcher():
     assert body_limits(mapped.max_body_mb, mapped.body_read_timeout) == (4 << 20, 2.5)
     plain = serve_args(parser.parse_args(["--model-path", "m", "--device", "cpu"]))
     assert (plain.max_body_mb, plain.body_read_timeout) == (ServeArgs.max_body_mb, ServeArgs.body_read_timeout)
+
+
+def test_liveness_and_queue_flags_reach_the_server():
+    """SGLang's --watchdog-timeout and --max-queued-requests are mapped (SGLang's
+    defaults are `flide serve`'s); Flide's --request-timeout, --heartbeat-timeout
+    and --round-seconds are added to SGLang's flags."""
+    from flide_ext.entrypoints.sglang_plugin import _add_flag, refused_flags, serve_args
+    from flide_ext.server.launch import ServeArgs, _limits
+
+    parser = _sglang_parser()
+    _add_flag(None, parser)
+    args = parser.parse_args(["--model-path", "m", "--device", "cpu", "--watchdog-timeout", "7.5",
+                              "--max-queued-requests", "5", "--request-timeout", "3", "--heartbeat-timeout", "4",
+                              "--round-seconds", "0.25"])
+    assert refused_flags(args) == []
+    mapped = serve_args(args)
+    assert _limits(mapped) == {"watchdog_timeout": 7.5, "max_queued_requests": 5, "request_timeout": 3.0,
+                               "heartbeat_timeout": 4.0, "round_seconds": 0.25}
+    plain = serve_args(parser.parse_args(["--model-path", "m", "--device", "cpu"]))
+    assert (parser.get_default("watchdog_timeout"), parser.get_default("max_queued_requests")) == \
+        (ServeArgs.watchdog_timeout, ServeArgs.max_queued_requests) == (300, None)
+    assert plain == replace(plain, **{k: getattr(ServeArgs("m"), k) for k in
+                                      ("watchdog_timeout", "max_queued_requests", "request_timeout",
+                                       "heartbeat_timeout", "round_seconds")})

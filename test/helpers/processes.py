@@ -63,15 +63,40 @@ def wait_for_health(url: str, proc, log) -> None:
     pytest.fail("server did not start: " + log.read_text())
 
 
-def serving(command: list, log_dir):
+def start_server(command: list, log_dir, **popen):
     """Start a server (``command`` without ``--port``) on a free port and wait for
-    its health; a generator for module fixtures: yields its URL, then stops it."""
+    its health: ``(process, url, log path)``; ``popen``: more Popen arguments."""
     port = free_port()
     log = log_dir / "server.log"
     proc = subprocess.Popen([*command, "--port", str(port)], stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                            env=quiet_env())
+                            env=quiet_env(), **popen)
     url = f"http://127.0.0.1:{port}"
     wait_for_health(url, proc, log)
+    return proc, url, log
+
+
+def serving(command: list, log_dir):
+    """:func:`start_server` for module fixtures: yields its URL, then stops it."""
+    proc, url, _ = start_server(command, log_dir)
     yield url
     proc.terminate()
     proc.wait(30)
+
+
+def scheduler_of(server_pid: int):
+    """The server's scheduler process (``psutil.Process``): its multiprocessing child."""
+    import psutil
+
+    children = [p for p in psutil.Process(server_pid).children() if "spawn_main" in " ".join(p.cmdline())]
+    assert len(children) == 1, children
+    return children[0]
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, exited but not reaped, does not)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -85,3 +85,45 @@ def test_resize_measures_waiting_requests_again():
     refused = queue.resize(lambda item: sizes[item])
     assert [(item, e.field) for item, e in refused] == [("c", "items of c")] and "150 stream tokens" in refused[0][1].message
     assert len(queue) == 1 and queue.next_round() == ["b"] and queue.next_round() == []
+
+
+def test_a_token_budget_caps_a_round_but_the_first_request_always_goes():
+    cap = RoundCapacity(tokens=100, segments=10, requests=8)
+    sizes = [RequestSize(30, 1), RequestSize(30, 1), RequestSize(50, 1), RequestSize(10, 1)]
+    assert pack_round(sizes, cap) == [0, 1, 3]  # the capacity alone: 30 + 30 (+ 50 > 100) + 10
+    assert pack_round(sizes, cap, budget=65) == [0, 1]  # 30 + 30; the 50 and the 10 would pass 65
+    assert pack_round(sizes, cap, budget=40) == [0, 3]
+    assert pack_round(sizes, cap, budget=0) == [0]  # over any budget, the first still goes
+    assert pack_round([None, RequestSize(90, 1), RequestSize(5, 1)], cap, budget=10) == [1]
+    assert pack_round(sizes, cap, budget=10**9) == pack_round(sizes, cap)  # never above the capacity
+
+
+def test_remove_withdraws_waiting_items():
+    from flide_ext.runtime.rounds import RoundQueue
+
+    queue = RoundQueue(RoundCapacity(tokens=100, segments=10))
+    for name in "abcd":
+        queue.put(name, RequestSize(60, 1))
+    assert queue.remove(lambda item: item in "bd") == ["b", "d"]
+    assert queue.remove(lambda item: item == "z") == []
+    assert queue.next_round() == ["a"] and queue.next_round() == ["c"] and len(queue) == 0
+
+
+def test_round_pace_from_past_rounds():
+    """Seconds per stream token, token-weighted, each older round at half the
+    weight of the next: the budget follows a change of pace within rounds."""
+    from flide_ext.runtime.rounds import RoundPace
+
+    pace = RoundPace(seconds=2.0)
+    assert pace.budget() == 0  # nothing measured: the first request alone
+    pace.observe(1000, 1.0)
+    assert pace.budget() == 2000
+    pace.observe(0, 5.0)  # an empty round says nothing about tokens
+    assert pace.budget() == 2000
+    pace.observe(1000, 4.0)  # 4x slower now: (0.5 + 4) s over (500 + 1000) tokens
+    assert pace.budget() == int(2.0 * 1500 / 4.5)
+    for _ in range(20):
+        pace.observe(1000, 4.0)
+    assert abs(pace.budget() - 500) <= 1
+    with pytest.raises(ValueError, match="positive"):
+        RoundPace(0)

@@ -1,0 +1,211 @@
+"""Abandoned and timed-out requests are withdrawn before their round (never
+computed), a full queue answers 503, and 64 clients x 1,000 requests lose
+nothing (flide_ext/server/cancellation.py, the scheduler's Abort, the
+manager's --max-queued-requests). And the cancellation helper alone."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import requests
+
+from flide_ext.server.cancellation import ClientDisconnected, RequestTimedOut, while_client_waits
+from test.helpers.processes import start_server
+from test.helpers.score_load import logged_rounds, rounds, score_body, send, send_and_leave, stream_tokens
+
+QUEUE = 64  # --max-queued-requests: as many as the 64 clients below, who are never refused
+HEAVY = dict(prompts=3, tokens=1900)  # a round of seconds on the CPU
+PROBE = dict(prompts=1, tokens=1200)  # a round of a few tenths of a second
+
+
+def _serve(char_model_dir, log_dir, *flags):
+    command = [sys.executable, "-m", "flide_ext.entrypoints.cli", "serve", "--model-path", str(char_model_dir),
+               "--context-length", "2000", "--round-tokens", "8000", *flags]
+    return start_server(command, log_dir)
+
+
+@pytest.fixture(scope="module")
+def server(char_model_dir, tmp_path_factory):
+    proc, url, log = _serve(char_model_dir, tmp_path_factory.mktemp("cancel"), "--max-queued-requests", str(QUEUE))
+    yield url, log
+    proc.terminate()
+    proc.wait(30)
+
+
+def _score(url):
+    return f"{url}/v1/score"
+
+
+def test_a_probe_behind_three_abandoned_heavy_requests_is_not_delayed_by_them(server):
+    """A heavy request runs; three more heavy ones arrive and their clients
+    leave; a probe arrives. The abandoned ones never run: the probe's round
+    follows the running one, and takes no longer than the probe alone."""
+    url, log = server
+    rng = np.random.default_rng(10)
+    # Warm (a CPU process's first long rounds are slower), then the probe alone.
+    assert send(_score(url), score_body(rng, **HEAVY)).wait().status == 200
+    before = len(rounds(log.read_text()))
+    alone = [send(_score(url), score_body(rng, **PROBE)).wait() for _ in range(3)]
+    assert all(c.status == 200 for c in alone)
+    unloaded = statistics.median(c.answered - c.sent for c in alone)
+    mark = len(logged_rounds(log, before + 3))
+    running = send(_score(url), score_body(rng, **HEAVY))
+    time.sleep(0.3)
+    leavers = [threading.Thread(target=send_and_leave, args=(url, score_body(rng, 3, 1800), 0.3)) for _ in range(3)]
+    for t in leavers:
+        t.start()
+    for t in leavers:
+        t.join()
+    time.sleep(0.3)  # the server sees them go
+    probe = send(_score(url), score_body(rng, **PROBE))
+    running.wait()
+    probe.wait()
+    assert running.status == 200 and probe.status == 200, (running.answer, probe.answer)
+    assert probe.sent < running.answered, "the heavy round ended before the probe came: make HEAVY heavier"
+    behind = probe.answered - running.answered
+    print(f"probe: {behind:.3f} s after the running round's answer, {unloaded:.3f} s alone")
+    assert behind <= 2 * unloaded, (behind, unloaded)
+    # The rounds run since: the heavy one and the probe's; no abandoned one.
+    assert rounds(log.read_text()[mark:]) == [(1, stream_tokens(running.body)), (1, stream_tokens(probe.body))]
+
+
+def test_a_full_queue_answers_503_at_once(server):
+    """--max-queued-requests counts requests sent to the scheduler and not yet
+    answered: one more is refused at once with SGLang's message, and served
+    again once the queue drains."""
+    url, _ = server
+    rng = np.random.default_rng(11)
+    calls = [send(_score(url), score_body(rng, **HEAVY))]
+    time.sleep(0.3)
+    calls += [send(_score(url), score_body(rng, 1, 5 + i % 50)) for i in range(QUEUE - 1)]
+    time.sleep(1.0)  # every one is sent to the scheduler, waiting behind the heavy round
+    refused = requests.post(_score(url), json=score_body(rng, 1, 5), timeout=30)
+    assert all(c.status is None for c in calls), "answered before the queue was full: make HEAVY heavier"
+    assert refused.status_code == 503, refused.text
+    assert refused.json() == {"object": "error", "message": "The request queue is full.",
+                              "type": "ServiceUnavailableError", "param": None, "code": 503}
+    assert all(c.wait().status == 200 for c in calls)
+    assert requests.post(_score(url), json=score_body(rng, 1, 5), timeout=30).status_code == 200
+
+
+def _metric(url: str, line_start: str) -> float:
+    for line in requests.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(line_start):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_64_clients_1000_score_requests_lose_nothing(server, char_model_dir):
+    """Each of 1,000 distinct tiny /v1/score requests from 64 clients gets its
+    own answer (the Engine's for it, and no two alike), exactly once."""
+    import aiohttp
+
+    from flide_ext import Engine
+
+    url, _ = server
+    rng = np.random.default_rng(12)
+    bodies = [{"query": rng.integers(3, 128, 4).tolist(), "items": [[int(a)], [int(b)]], "label_token_ids": [1, 2, 3],
+               "apply_softmax": True} for a, b in rng.integers(3, 128, (1000, 2))]
+    engine = Engine(str(char_model_dir), context_length=2000)
+    want = engine.score_tokens_batch([{"prompts": [b["query"] + item for item in b["items"]],
+                                       "label_token_ids": [1, 2, 3]} for b in bodies])
+    assert len({tuple(np.round(np.ravel(a.probabilities), 5)) for a in want}) == len(bodies)  # a swap would show
+    counted = 'flide_requests_total{route="/v1/score",status="200"}'
+    before = _metric(url, counted)
+    results = [None] * len(bodies)
+
+    async def run():
+        queue = list(range(len(bodies)))
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+            async def client():
+                while queue:
+                    i = queue.pop()
+                    async with session.post(_score(url), json=bodies[i]) as r:
+                        results[i] = (r.status, await r.json())
+
+            await asyncio.gather(*(client() for _ in range(64)))
+
+    started = time.perf_counter()
+    asyncio.run(run())
+    took = time.perf_counter() - started
+    print(f"64 clients x 1,000 /v1/score requests: {took:.1f} s")
+    for (status, body), answer in zip(results, want):
+        assert status == 200, body
+        got = np.array(body["scores"])
+        assert np.abs(got - np.array(answer.probabilities)).max() <= 1e-6
+    assert _metric(url, counted) - before == len(bodies)
+
+
+def test_a_timed_out_request_is_504_and_never_computed(char_model_dir, tmp_path):
+    proc, url, log = _serve(char_model_dir, tmp_path, "--request-timeout", "0.5")
+    try:
+        rng = np.random.default_rng(13)
+        running = send(_score(url), score_body(rng, **HEAVY))
+        time.sleep(0.1)
+        waiting = send(_score(url), score_body(rng, 1, 777)).wait()
+        took = waiting.answered - waiting.sent
+        assert waiting.status == 504, waiting.answer
+        assert waiting.answer["type"] == "TimeoutError" and "--request-timeout (0.5 s)" in waiting.answer["message"]
+        assert 0.5 <= took < 0.5 + 2.0, took
+        assert running.wait().status == 504  # answered at its timeout; its round runs on
+        logged_rounds(log, 1)  # the running round has ended
+        probe = send(_score(url), score_body(rng, 1, 50)).wait()
+        assert probe.status == 200, probe.answer
+        assert rounds(logged_rounds(log, 2)) == [(1, stream_tokens(running.body)), (1, 50)]  # never the timed-out one
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+# -- while_client_waits alone ------------------------------------------------------
+
+
+class _Work:
+    """An answer that takes ``seconds``, noting whether it was cancelled."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.cancelled = seconds, False
+
+    async def __call__(self):
+        try:
+            await asyncio.sleep(self.seconds)
+            return "answer"
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+
+def _client(leaves_after=None):
+    async def receive():
+        if leaves_after is None:
+            await asyncio.Event().wait()
+        await asyncio.sleep(leaves_after)
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
+def test_the_answer_when_it_comes_first():
+    work = _Work(0.01)
+    assert asyncio.run(while_client_waits(_client(), work(), timeout=5)) == "answer" and not work.cancelled
+
+
+def test_a_client_that_leaves_cancels_the_work():
+    work = _Work(10)
+    with pytest.raises(ClientDisconnected):
+        asyncio.run(while_client_waits(_client(leaves_after=0.05), work(), timeout=None))
+    assert work.cancelled
+
+
+def test_a_timeout_cancels_the_work():
+    work = _Work(10)
+    started = time.perf_counter()
+    with pytest.raises(RequestTimedOut, match=r"--request-timeout \(0.1 s\)"):
+        asyncio.run(while_client_waits(_client(), work(), timeout=0.1))
+    assert work.cancelled and time.perf_counter() - started < 5
