@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Optional
@@ -160,14 +161,27 @@ def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> 
     @app.get("/health_generate")
     async def health_generate():
         """SGLang's probe through the model: a one-token prompt through the
-        scheduler's next round; 503 when the scheduler cannot answer or has not
-        answered within ``SGLANG_HEALTH_CHECK_TIMEOUT`` seconds (20)."""
+        scheduler's next round; healthy once the scheduler answers it, or any
+        request, after the probe started (as SGLang counts a busy server's
+        answers), and then the probe is withdrawn if it still waits; 503 when the
+        scheduler cannot answer or nothing came within
+        ``SGLANG_HEALTH_CHECK_TIMEOUT`` seconds (20)."""
         if manager.scheduler_error is None:
+            started = time.monotonic()
+            probe = asyncio.ensure_future(manager.probe())
             try:
-                await asyncio.wait_for(manager.probe(), HEALTH_CHECK_TIMEOUT)
+                while not probe.done() and manager.last_answer <= started:
+                    left = started + HEALTH_CHECK_TIMEOUT - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"no answer from the scheduler within {HEALTH_CHECK_TIMEOUT:g} s")
+                    await asyncio.wait({probe}, timeout=min(left, 0.05))
+                if probe.done():
+                    probe.result()  # its failure is the probe's answer
             except Exception as e:  # noqa: BLE001 - any failure to answer is the probe's answer
                 logger.error("health check failed: %s: %s rid=%s", type(e).__name__, e, RID.get())
                 return Response(status_code=503)
+            finally:
+                probe.cancel()  # withdrawn from the scheduler if it still waits
         return up()
 
     def model_info():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import time
 from contextvars import ContextVar
 from typing import List, Optional
 
@@ -97,6 +98,7 @@ class TokenizerManager:
         self.max_queued_requests = max_queued_requests
         self.request_timeout = request_timeout
         self.queued = 0  # score requests sent and not yet answered or withdrawn
+        self.last_answer = 0.0  # time.monotonic() of the scheduler's latest answer
         self._receiver: Optional[asyncio.Task] = None
 
     def start(self) -> None:
@@ -106,6 +108,7 @@ class TokenizerManager:
     async def _receive(self) -> None:
         while True:
             done = await self.done.recv_pyobj()  # ScoreDone or FlushCacheDone
+            self.last_answer = time.monotonic()
             if done.cache is not None:
                 self.metrics.cache(done.cache)
             future = self.pending.pop(done.rid, None)

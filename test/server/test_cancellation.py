@@ -88,8 +88,10 @@ def test_a_full_queue_answers_503_at_once(server):
     refused = requests.post(_score(url), json=score_body(rng, 1, 5), timeout=30)
     assert all(c.status is None for c in calls), "answered before the queue was full: make HEAVY heavier"
     assert refused.status_code == 503, refused.text
-    assert refused.json() == {"object": "error", "message": "The request queue is full.",
-                              "type": "ServiceUnavailableError", "param": None, "code": 503}
+    body = refused.json()
+    assert body.pop("rid") == refused.headers["x-request-id"]  # every error body names its request
+    assert body == {"object": "error", "message": "The request queue is full.",
+                    "type": "ServiceUnavailableError", "param": None, "code": 503}
     assert all(c.wait().status == 200 for c in calls)
     assert requests.post(_score(url), json=score_body(rng, 1, 5), timeout=30).status_code == 200
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import time
 from types import SimpleNamespace
 
 import httpx
@@ -35,7 +36,9 @@ class StandIn:
         self.handler = handler
         self.calls = 0
         self.probes = 0
-        self.probe_answer = None  # None: answered at once; else an exception to raise or "hang"
+        self.probe_answer = None  # None: answered at once; else an exception to raise, "hang" or "busy"
+        self.last_answer = 0.0  # the scheduler's latest answer (time.monotonic())
+        self.withdrawn = 0  # probes cancelled while they waited
 
     def start(self):
         pass
@@ -51,10 +54,18 @@ class StandIn:
 
     async def probe(self):
         self.probes += 1
-        if self.probe_answer == "hang":
-            await asyncio.sleep(3600)
-        elif self.probe_answer is not None:
-            raise self.probe_answer
+        try:
+            if self.probe_answer == "hang":
+                await asyncio.sleep(3600)
+            elif self.probe_answer == "busy":  # the probe waits, another request is answered meanwhile
+                await asyncio.sleep(0.05)
+                self.last_answer = time.monotonic()
+                await asyncio.sleep(3600)
+            elif self.probe_answer is not None:
+                raise self.probe_answer
+        except asyncio.CancelledError:
+            self.withdrawn += 1
+            raise
 
 
 def _app(manager=None, api_key=KEY, max_bytes=1 << 20, timeout=5.0):
@@ -384,11 +395,16 @@ async def test_probes(monkeypatch):
             manager.probe_answer = answer
             assert (await client.get("/health_generate")).status_code == 503
             assert (await client.get("/health")).status_code == 200  # the flag is not set by a probe
+        # A busy scheduler: the probe still waits when another answer comes, which
+        # counts (as SGLang counts it), and the probe is withdrawn.
+        manager.probe_answer, withdrawn = "busy", manager.withdrawn
+        assert (await client.get("/health_generate")).status_code == 200
+        assert manager.withdrawn == withdrawn + 1
         manager.probe_answer = None
         manager.scheduler_error = "the scheduler process exited"
         for path in ("/health", "/ready", "/health_generate"):
             assert (await client.get(path)).status_code == 503, path
-        assert manager.probes == 3  # the last probe was not tried
+        assert manager.probes == 4  # the last probe was not tried
 
 
 @pytest.fixture
