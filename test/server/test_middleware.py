@@ -33,6 +33,7 @@ class StandIn:
 
     def __init__(self, handler=None):
         self.scheduler_error = None
+        self.request_timeout = None  # --request-timeout: none
         self.handler = handler
         self.calls = 0
         self.probes = 0
