@@ -18,6 +18,7 @@ the HTTP server (uvicorn) in this process; and stop both, whatever happens.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import signal
@@ -87,7 +88,8 @@ def serve(args: ServeArgs) -> None:
             1; an unknown log level; an unknown CUDA-graph mode, graphs on a CPU device, or a malformed
             graph capacity list; a bad state-cache flag (:func:`~.cache_args.cache_settings`); a body
             limit that is not a positive number (:func:`~.body_limits.body_limits`); a liveness or
-            queue flag that is not a positive number (:func:`_limits`).
+            queue flag that is not a positive finite number (:func:`_limits`); a port outside
+            [0, 65535].
         SchedulerFailed: the scheduler failed while serving.
     """
     from .cache_args import cache_settings
@@ -103,6 +105,8 @@ def serve(args: ServeArgs) -> None:
     cache, fraction = cache_settings(args.disable_radix_cache, args.state_cache_gb, args.mem_fraction_static,
                                      args.device)
     limits = _limits(args)
+    if not isinstance(args.port, int) or not 0 <= args.port <= 65535:  # uvicorn would wrap it, and log the flag's
+        raise FlideError(f"--port must be an integer in [0, 65535], not {args.port!r}")
     limits["max_body_bytes"], limits["body_read_timeout"] = body_limits(args.max_body_mb, args.body_read_timeout)
 
     import shutil
@@ -308,8 +312,8 @@ def _limits(args: ServeArgs) -> dict:
             number = kind(value)
         except (TypeError, ValueError):
             number = None
-        if number is None or not number > 0 or (kind is int and number != value):
-            raise FlideError(f"{flag} must be a positive {'integer' if kind is int else 'number of seconds'}, "
+        if number is None or not 0 < number < math.inf or (kind is int and number != value):
+            raise FlideError(f"{flag} must be a positive {'integer' if kind is int else 'finite number of seconds'}, "
                              f"not {value!r}")
         out[name] = number
     return out

@@ -75,6 +75,7 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     context = zmq.Context()
     work = context.socket(zmq.PULL)
+    work.setsockopt(zmq.RCVHWM, 0)  # the manager's requests are never held back in its process
     work.bind(work_addr)
     done = context.socket(zmq.PUSH)
     done.connect(done_addr)

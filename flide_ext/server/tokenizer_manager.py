@@ -85,6 +85,9 @@ class TokenizerManager:
         self.systemone = SystemOneRenderer(self.renderer, served_model_name)
         self.context = zmq.asyncio.Context.instance()
         self.work = self.context.socket(zmq.PUSH)
+        # No high-water mark: a send never waits (ZMQ's default stops at 1,000
+        # queued messages), so fail() reaches every request, however many are sent.
+        self.work.setsockopt(zmq.SNDHWM, 0)
         self.work.connect(work_addr)
         self.done = done_socket
         self.pending: dict[int, asyncio.Future] = {}
@@ -195,20 +198,27 @@ class TokenizerManager:
         """
         return await self._ask(FlushCache)
 
-    def _precheck(self, value, field: str) -> None:
-        # Refuse a text (as SGLang renders it into the prompt) whose token bound
-        # alone passes the context length, before anything tokenises it.
+    def _precheck(self, values, field: str, before: int = 0) -> int:
+        # Refuse texts (as SGLang renders them into one prompt) whose token bound,
+        # with ``before`` (a bound on the prompt's other tokens), passes the
+        # context length, before anything tokenises them; -> their bound.
         if not self.bound.enabled:
-            return
+            return 0
         try:
-            text = value if isinstance(value, str) else sgl_decisions.render_text(value)
+            text = "".join(v if isinstance(v, str) else sgl_decisions.render_text(v)
+                           for v in (values if isinstance(values, list) else [values]) if v is not None)
         except Exception:  # noqa: BLE001 - refused, naming the field, where it is rendered
-            return
-        self.bound.check(text, field, self.context_length)
+            return 0
+        return self.bound.check(text, field, self.context_length, before)
 
     def _encode_decision(self, body):
         request = parse_decision_request(body)
-        self._precheck(request.input, "input")
+        before = self._precheck(request.input, "input")
+        for i, q in enumerate(request.questions):  # each question's prompt holds the input and its own texts
+            options = getattr(q, "options", None) or []
+            texts = [q.question, *(getattr(q, "levels", None) or []), getattr(q, "yes", None), getattr(q, "no", None),
+                     *(o.name for o in options), *(o.description for o in options)]
+            self._precheck(texts, f"questions[{i}]", before)
         return request, self.renderer.encode(request)
 
     async def decide(self, body):

@@ -132,9 +132,17 @@ def test_serve_refuses_bad_body_limits_in_one_line(char_model_dir):
         assert flag in run.stderr and message in run.stderr, run.stderr
 
 
+def test_serve_refuses_a_port_uvicorn_would_wrap_in_one_line(char_model_dir):
+    for port in ("99999", "-1"):
+        run = main_in_process(flide_main, "serve", "--model-path", str(char_model_dir), "--port", port)
+        assert run.returncode == 2 and run.stderr.count("\n") == 1 and "--port must be an integer in [0, 65535]" in \
+            run.stderr, run.stderr
+
+
 def test_serve_refuses_bad_liveness_flags_in_one_line(char_model_dir):
     cases = [("--watchdog-timeout", "0"), ("--heartbeat-timeout", "-1"), ("--request-timeout", "nan"),
-             ("--max-queued-requests", "0"), ("--round-seconds", "0")]
+             ("--max-queued-requests", "0"), ("--round-seconds", "0"), ("--round-seconds", "inf"),
+             ("--watchdog-timeout", "1e999")]
     for flag, value in cases:
         run = main_in_process(flide_main, "serve", "--model-path", str(char_model_dir), "--port", "0", flag, value)
         assert run.returncode == 2 and run.stderr.count("\n") == 1 and f"{flag} must be a positive" in run.stderr, \

@@ -144,6 +144,13 @@ def test_huge_texts_are_refused_before_they_are_tokenised(manager):
                                                        "criteria": {"A": None, "B": None}}}}), "state"),
         (manager.score_request({"query": huge, "items": ["a"], "label_token_ids": [1]}), "query"),
     ]
+    # A question's own texts (its question, options, levels) count with the input's.
+    cases += [
+        (manager.decide({"input": "hi", "questions": [choice("a"), choice("b", question=huge)]}), "questions[1]"),
+        (manager.decide({"input": "hi", "questions": [{"id": "s", "type": "score", "question": "?",
+                                                       "levels": ["low", huge]}]}), "questions[0]"),
+        (manager.decide({"input": "i" * 2000, "questions": [choice("a", question="q" * 4000)]}), "questions[0]"),
+    ]
     for coroutine, field in cases:
         error = _refusal(coroutine)
         assert error.field == field and "at least" in error.message and f"{CONTEXT} tokens" in error.message
@@ -167,3 +174,37 @@ def test_tokenising_runs_off_the_event_loop(manager):
     loop_thread, error = asyncio.run(decide())
     assert error.field == "input" and "does not fit the context length" in error.message
     assert manager.tokenizer.texts and loop_thread not in manager.tokenizer.threads
+
+
+def test_a_failed_scheduler_reaches_requests_past_zmqs_queue_limit(char_tokenizer, tmp_path):
+    """ZMQ holds at most 1,000 unsent messages by default, and a send past that
+    waited for a scheduler that never reads: those requests hung after fail().
+    With 1,500 requests sent to a scheduler that reads nothing, every one is
+    answered SchedulerUnavailable once the manager fails."""
+    import numpy as np
+    import zmq
+    import zmq.asyncio
+
+    from flide_ext.server.tokenizer_manager import SchedulerUnavailable
+
+    async def run():
+        silent = zmq.Context()  # the stopped scheduler: bound, never read
+        work = silent.socket(zmq.PULL)
+        work.setsockopt(zmq.RCVHWM, 1)
+        work.bind(f"ipc://{tmp_path}/work")
+        done = zmq.asyncio.Context.instance().socket(zmq.PULL)
+        done.bind(f"ipc://{tmp_path}/done")
+        manager = TokenizerManager(char_tokenizer, CONTEXT, 100, f"ipc://{tmp_path}/work", done, Metrics())
+        prompt = [np.arange(1, 9, dtype=np.int64)]
+        tasks = [asyncio.ensure_future(manager.score(prompt, [[1, 2]])) for _ in range(1500)]
+        await asyncio.sleep(0.5)  # every send done or waiting
+        manager.fail("the scheduler sent no heartbeat")
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
+        done.close(linger=0)
+        work.close(linger=0)
+        silent.term()
+        return results
+
+    results = asyncio.run(run())
+    assert len(results) == 1500 and all(isinstance(r, SchedulerUnavailable) for r in results), \
+        {type(r).__name__ for r in results}
