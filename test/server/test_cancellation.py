@@ -81,9 +81,11 @@ def test_a_full_queue_answers_503_at_once(server):
     again once the queue drains."""
     url, _ = server
     rng = np.random.default_rng(11)
-    calls = [send(_score(url), score_body(rng, **HEAVY))]
+    # Three heavy requests (a round each, seconds apiece) keep the scheduler busy
+    # while the rest are sent, however slow a loaded machine is to send them.
+    calls = [send(_score(url), score_body(rng, **HEAVY)) for _ in range(3)]
     time.sleep(0.3)
-    calls += [send(_score(url), score_body(rng, 1, 5 + i % 50)) for i in range(QUEUE - 1)]
+    calls += [send(_score(url), score_body(rng, 1, 5 + i % 50)) for i in range(QUEUE - 3)]
     time.sleep(1.0)  # every one is sent to the scheduler, waiting behind the heavy round
     refused = requests.post(_score(url), json=score_body(rng, 1, 5), timeout=30)
     assert all(c.status is None for c in calls), "answered before the queue was full: make HEAVY heavier"
