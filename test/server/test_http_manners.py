@@ -70,6 +70,17 @@ async def _others_answered(port: int) -> None:
     assert len(json.loads(scored[2])["scores"]) == 2
 
 
+async def _answer_and_close(reader, start: float) -> tuple[float, int, bytes, bool]:
+    """-> (seconds from ``start`` to the answer, status, body, whether the server then closed the connection)."""
+    status, _, body = await _response(reader)
+    seconds = time.perf_counter() - start
+    try:
+        closed = await asyncio.wait_for(reader.read(), 10) == b""
+    except ConnectionError:
+        closed = True
+    return seconds, status, body, closed
+
+
 async def _upload_50_mb(port: int, chunked: bool) -> tuple[float, int, dict, bool]:
     """-> (seconds to the answer's status line, status, error body, connection closed after)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -88,12 +99,7 @@ async def _upload_50_mb(port: int, chunked: bool) -> tuple[float, int, dict, boo
             pass  # the server closed the connection: expected, once it has answered
 
     uploading = asyncio.create_task(upload())
-    status, _, body = await _response(reader)
-    seconds = time.perf_counter() - start
-    try:
-        closed = await asyncio.wait_for(reader.read(), 10) == b""
-    except ConnectionError:
-        closed = True
+    seconds, status, body, closed = await _answer_and_close(reader, start)
     await uploading
     writer.close()
     return seconds, status, json.loads(body), closed
@@ -136,12 +142,7 @@ def test_200_slow_uploads_time_out_and_others_are_answered(served):
                 pass
 
         dripping = asyncio.create_task(drip())
-        status, _, body = await _response(reader)
-        seconds = time.perf_counter() - start
-        try:
-            closed = await asyncio.wait_for(reader.read(), 10) == b""
-        except ConnectionError:
-            closed = True
+        seconds, status, body, closed = await _answer_and_close(reader, start)
         dripping.cancel()
         writer.close()
         return status, seconds, json.loads(body), closed
