@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 # The state cache's gauges: (metric, Engine.cache_stats() key, help).
@@ -86,6 +86,9 @@ class Metrics:
             "flide_per_stage_req_latency_seconds", "Request latency by stage", ["stage"], registry=self.registry,
             buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
+        # SGLang's sglang:num_queue_reqs: what --max-queued-requests bounds.
+        self.queued = Gauge("flide_queued_requests", "Requests sent to the scheduler and not yet answered",
+                            registry=self.registry)
         self._cache = _CacheCollector()
         self.registry.register(self._cache)
 

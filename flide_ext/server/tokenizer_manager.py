@@ -101,6 +101,7 @@ class TokenizerManager:
         self.max_queued_requests = max_queued_requests
         self.request_timeout = request_timeout
         self.queued = 0  # score requests sent and not yet answered or withdrawn
+        metrics.queued.set_function(lambda: self.queued)
         self.last_answer = 0.0  # time.monotonic() of the scheduler's latest answer
         self._receiver: Optional[asyncio.Task] = None
 

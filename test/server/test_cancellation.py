@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from flide_ext.server.cancellation import ClientDisconnected, RequestTimedOut, while_client_waits
-from test.helpers.processes import start_server
+from test.helpers.processes import scheduler_of, start_server
 from test.helpers.score_load import logged_rounds, rounds, score_body, send, send_and_leave, stream_tokens
 
 QUEUE = 64  # --max-queued-requests: as many as the 64 clients below, who are never refused
@@ -33,7 +33,7 @@ def _serve(char_model_dir, log_dir, *flags):
 @pytest.fixture(scope="module")
 def server(char_model_dir, tmp_path_factory):
     proc, url, log = _serve(char_model_dir, tmp_path_factory.mktemp("cancel"), "--max-queued-requests", str(QUEUE))
-    yield url, log
+    yield url, log, proc
     proc.terminate()
     proc.wait(30)
 
@@ -46,7 +46,7 @@ def test_a_probe_behind_three_abandoned_heavy_requests_is_not_delayed_by_them(se
     """A heavy request runs; three more heavy ones arrive and their clients
     leave; a probe arrives. The abandoned ones never run: the probe's round
     follows the running one, and takes no longer than the probe alone."""
-    url, log = server
+    url, log, _ = server
     rng = np.random.default_rng(10)
     # Warm (a CPU process's first long rounds are slower), then the probe alone.
     assert send(_score(url), score_body(rng, **HEAVY)).wait().status == 200
@@ -77,24 +77,31 @@ def test_a_probe_behind_three_abandoned_heavy_requests_is_not_delayed_by_them(se
 
 def test_a_full_queue_answers_503_at_once(server):
     """--max-queued-requests counts requests sent to the scheduler and not yet
-    answered: one more is refused at once with SGLang's message, and served
-    again once the queue drains."""
-    url, _ = server
+    answered (the ``flide_queued_requests`` gauge): one more is refused at once
+    with SGLang's message, and served again once the queue drains."""
+    url, _, proc = server
     rng = np.random.default_rng(11)
-    # Three heavy requests (a round each, seconds apiece) keep the scheduler busy
-    # while the rest are sent, however slow a loaded machine is to send them.
-    calls = [send(_score(url), score_body(rng, **HEAVY)) for _ in range(3)]
-    time.sleep(0.3)
-    calls += [send(_score(url), score_body(rng, 1, 5 + i % 50)) for i in range(QUEUE - 3)]
-    time.sleep(1.0)  # every one is sent to the scheduler, waiting behind the heavy round
-    refused = requests.post(_score(url), json=score_body(rng, 1, 5), timeout=30)
-    assert all(c.status is None for c in calls), "answered before the queue was full: make HEAVY heavier"
+    # A suspended scheduler answers nothing, so the queue fills however slow the
+    # machine is; it is resumed well inside --heartbeat-timeout (30 s).
+    scheduler = scheduler_of(proc.pid)
+    scheduler.suspend()
+    try:
+        calls = [send(_score(url), score_body(rng, 1, 5 + i % 50)) for i in range(QUEUE)]
+        deadline = time.monotonic() + 15
+        while _metric(url, "flide_queued_requests ") < QUEUE and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _metric(url, "flide_queued_requests ") == QUEUE
+        refused = requests.post(_score(url), json=score_body(rng, 1, 5), timeout=30)
+        assert all(c.status is None for c in calls)
+    finally:
+        scheduler.resume()
     assert refused.status_code == 503, refused.text
     body = refused.json()
     assert body.pop("rid") == refused.headers["x-request-id"]  # every error body names its request
     assert body == {"object": "error", "message": "The request queue is full.",
                     "type": "ServiceUnavailableError", "param": None, "code": 503}
     assert all(c.wait().status == 200 for c in calls)
+    assert _metric(url, "flide_queued_requests ") == 0
     assert requests.post(_score(url), json=score_body(rng, 1, 5), timeout=30).status_code == 200
 
 
@@ -112,7 +119,7 @@ def test_64_clients_1000_score_requests_lose_nothing(server, char_model_dir):
 
     from flide_ext import Engine
 
-    url, _ = server
+    url, _, _ = server
     rng = np.random.default_rng(12)
     bodies = [{"query": rng.integers(3, 128, 4).tolist(), "items": [[int(a)], [int(b)]], "label_token_ids": [1, 2, 3],
                "apply_softmax": True} for a, b in rng.integers(3, 128, (1000, 2))]
