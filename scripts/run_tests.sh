@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -q "$@"
+# --durations: the slowest tests in every run (CI keeps the suite well inside its time).
+exec .venv/bin/python -m pytest -q --durations=25 "$@"

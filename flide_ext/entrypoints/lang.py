@@ -8,7 +8,8 @@ state: ``state[question_id]`` is the chosen option (choice), ``"yes"``/``"no"``
 holds every answer with its probabilities. Nothing is appended to the text.
 
 Run such programs on :class:`FlideEndpoint` (a ``RuntimeEndpoint`` that knows
-the ``decide`` primitive). Importing ``flide_ext`` registers ``sgl.decide``.
+the ``decide`` primitive). Importing this module (or ``flide_ext`` after ``sglang``) registers
+``sgl.decide``.
 """
 
 from __future__ import annotations
@@ -93,3 +94,6 @@ def register() -> None:
     import sglang
 
     sglang.decide = decide
+
+
+register()  # importing this module (FlideEndpoint) makes sgl.decide available
