@@ -207,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--head-scale", type=float, default=1.0, help="LM head init scale (peaked distributions)")
     make.set_defaults(func=run_make_checkpoint)
     from ..server.launch import ServeArgs
+    from .server_flags import add_server_flags
 
     served = ServeArgs("")  # the server's defaults, as the help states them
     serve = sub.add_parser("serve", help="serve SGLang's decision routes over HTTP")
@@ -233,9 +234,6 @@ def build_parser() -> argparse.ArgumentParser:
                        help="flat graphs' capacities as tokens:segments[:levels],... (default: a ladder up to the round capacity)")
     serve.add_argument("--disable-radix-cache", action="store_true",
                        help="keep no state cache: every request computes its whole state (SGLang's flag)")
-    serve.add_argument("--state-cache-gb", metavar="GB",
-                       help="the state cache's memory in GiB (2**30 bytes; default: 40%% of the GPU memory free after "
-                       "the weights, 256 MiB on the CPU)")
     serve.add_argument("--mem-fraction-static", metavar="F",
                        help="size the state cache as F of the GPU's memory, less the weights and an 8 GiB reserve "
                        "(SGLang's flag; --state-cache-gb wins)")
@@ -244,26 +242,13 @@ def build_parser() -> argparse.ArgumentParser:
                        f"error or critical (default: {served.log_level})")
     serve.add_argument("--log-level-http",
                        help="uvicorn's log level, its access log at info; also trace (default: --log-level)")
-    serve.add_argument("--max-body-mb", metavar="MB",
-                       help=f"largest request body in MiB (2**20 bytes); a larger one is refused with 413 "
-                       f"(default: {served.max_body_mb:g})")
-    serve.add_argument("--body-read-timeout", metavar="SECONDS",
-                       help=f"seconds a request body may take to arrive; a slower one is refused with 408 "
-                       f"(default: {served.body_read_timeout:g})")
     serve.add_argument("--watchdog-timeout", type=float, metavar="S",
                        help="a round running longer than S seconds takes the server down, every request answered 503 "
                        f"(SGLang's flag; default: {served.watchdog_timeout:g})")
     serve.add_argument("--max-queued-requests", type=int, metavar="N",
                        help="refuse a request with 503 while N are sent to the scheduler and not yet answered "
                        "(SGLang's flag; default: no limit)")
-    serve.add_argument("--request-timeout", type=float, metavar="S",
-                       help="answer a request 504 after S seconds and withdraw it (default: no limit)")
-    serve.add_argument("--heartbeat-timeout", type=float, metavar="S",
-                       help="a scheduler silent for S seconds (stopped or hung) takes the server down, every request "
-                       f"answered 503 (default: {served.heartbeat_timeout:g})")
-    serve.add_argument("--round-seconds", type=float, metavar="S",
-                       help="hold each round to about S seconds, from past rounds' seconds per stream token; the first "
-                       f"waiting request always goes (default: {served.round_seconds:g})")
+    add_server_flags(serve)
     serve.set_defaults(func=run_serve)
     return parser
 

@@ -44,38 +44,9 @@ def _add_flag(result, parser: argparse.ArgumentParser):
         help="Serve /v1/decisions and /v1/score with Flide's exact forked executor "
         "(one shared state, many single-token-label questions, one flat token stream).",
     )
-    parser.add_argument(
-        "--state-cache-gb",
-        metavar="GB",
-        help="Under --decision-mode: the state cache's memory in GiB (2**30 bytes); wins over "
-        "--mem-fraction-static (default: 40%% of the GPU memory free after the weights).",
-    )
-    from ..server.body_limits import BODY_READ_TIMEOUT_S, MAX_BODY_MB
+    from .server_flags import add_server_flags
 
-    parser.add_argument(
-        "--max-body-mb",
-        metavar="MB",
-        help=f"Under --decision-mode: the largest request body in MiB (2**20 bytes); a larger one is refused "
-        f"with 413 (default: {MAX_BODY_MB:g}).",
-    )
-    parser.add_argument(
-        "--body-read-timeout",
-        metavar="SECONDS",
-        help=f"Under --decision-mode: seconds a request body may take to arrive; a slower one is refused with "
-        f"408 (default: {BODY_READ_TIMEOUT_S:g}).",
-    )
-    from ..server.launch import ServeArgs
-
-    served = ServeArgs("")  # Flide's defaults, as the help states them
-    parser.add_argument("--request-timeout", type=float, metavar="S",
-                        help="Under --decision-mode: answer a request 504 after S seconds and withdraw it "
-                        "(default: no limit).")
-    parser.add_argument("--heartbeat-timeout", type=float, metavar="S",
-                        help="Under --decision-mode: a scheduler silent for S seconds takes the server down "
-                        f"(default: {served.heartbeat_timeout:g}).")
-    parser.add_argument("--round-seconds", type=float, metavar="S",
-                        help="Under --decision-mode: hold each round to about S seconds, from past rounds' "
-                        f"seconds per stream token (default: {served.round_seconds:g}).")
+    add_server_flags(parser, prefix="Under --decision-mode: ")
     return result
 
 
