@@ -143,9 +143,12 @@ class RoundCut:
 
     Attributes:
         rids: the round's requests.
+        cache: ``Engine.cache_stats()`` after it (for ``/metrics``: the cut round
+            kept nothing, but making room for it may have evicted).
     """
 
     rids: List[int]
+    cache: Optional[dict] = None
 
 
 @dataclass

@@ -169,7 +169,7 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
                                           stages=stages))
             log_round(result, finish, len(waiting))  # once the answers are on their way
         except RoundCancelled as cut:
-            done.send_pyobj(RoundCut([w.rid for w in batch]))
+            done.send_pyobj(RoundCut([w.rid for w in batch], engine.cache_stats()))
             log_cut(cut, len(waiting))
         except Exception:
             message = traceback.format_exc(limit=3)

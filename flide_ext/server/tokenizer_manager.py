@@ -120,11 +120,11 @@ class TokenizerManager:
         while True:
             done = await self.done.recv_pyobj()  # ScoreDone, FlushCacheDone or RoundCut
             self.last_answer = time.monotonic()
+            if done.cache is not None:
+                self.metrics.cache(done.cache)
             if isinstance(done, RoundCut):  # its clients are gone: nobody to answer
                 self.metrics.cancelled_rounds.inc()
                 continue
-            if done.cache is not None:
-                self.metrics.cache(done.cache)
             future = self.pending.pop(done.rid, None)
             if future is not None and not future.done():  # a client may have gone away
                 future.set_result(done)
