@@ -220,7 +220,7 @@ class Engine:
                                      time.perf_counter() - started) from None
             launched = time.perf_counter()
             if cache is not None:  # while the GPU computes them (a failed readout leaves them: they are computed)
-                cache.hits += len(cached.matches)
+                cache.hits += len(cached.matches)  # here, not before: a cut round is no hit
                 cache.cached_tokens_total += int(cached.prefix_rows.size)
                 kept_rows, kept_segments, kept_tokens = keep_checkpoints(cache, plan, cached, stream_rows, slots)
             keeping = time.perf_counter() - launched
