@@ -1,9 +1,10 @@
 """What every Flide causal LM shares: embedding, rotary tables, the layer loop
-over one ForwardContext, and selective readout."""
+over one ForwardContext (which a caller may stop between layers), and selective
+readout."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -13,6 +14,19 @@ from ..layers.context import ForwardContext
 from ..layers.kernel_module import KernelModule
 from ..layers.readout import readout_logprobs
 from ..layers.rotary import RotaryEmbedding
+
+
+class ForwardCancelled(Exception):
+    """A forward stopped between two layers because its ``cancelled()`` said so.
+
+    Attributes:
+        layers_run: layers computed before it stopped.
+        layers: the model's layers.
+    """
+
+    def __init__(self, layers_run: int, layers: int):
+        super().__init__(f"the forward was cancelled after {layers_run} of {layers} layers")
+        self.layers_run, self.layers = layers_run, layers
 
 
 def head_dim_of(config) -> int:
@@ -87,10 +101,20 @@ class FlatCausalLM(nn.Module):
         """This model's parameter name for a checkpoint tensor name, or None to skip it."""
         return name
 
-    def hidden_states(self, ctx: ForwardContext) -> torch.Tensor:
-        """Last-layer hidden states ``[T, hidden]`` (before the final norm)."""
+    def hidden_states(self, ctx: ForwardContext, cancelled: Optional[Callable[[], bool]] = None) -> torch.Tensor:
+        """Last-layer hidden states ``[T, hidden]`` (before the final norm).
+
+        Raises:
+            ForwardCancelled: ``cancelled()`` was true before a layer (it is asked
+                before each one).
+        """
         x, residual = self.model.embed_tokens(ctx.plan.token_ids), None
-        for layer in self.model.layers:
+        layers = self.model.layers
+        for i, layer in enumerate(layers):
+            # A layer is the finest step that is the model's own: a cut waits at
+            # most one layer (on a GPU, one layer's launches: they run ahead of it).
+            if cancelled is not None and cancelled():
+                raise ForwardCancelled(i, len(layers))
             x, residual = layer(x, residual, ctx)
         return x if residual is None else x + residual
 
@@ -102,7 +126,8 @@ class FlatCausalLM(nn.Module):
         layers = sorted((m for m in self.modules() if isinstance(m, ForkSelfAttention)), key=lambda m: m.index)
         return [(m.num_kv_heads, m.head_dim, m.head_dim) for m in layers]
 
-    def forward(self, plan, state_pool=None, kv_pool=None) -> torch.Tensor:
+    def forward(self, plan, state_pool=None, kv_pool=None, cancelled: Optional[Callable[[], bool]] = None
+                ) -> torch.Tensor:
         """Run a round.
 
         Args:
@@ -112,14 +137,20 @@ class FlatCausalLM(nn.Module):
             kv_pool: the :class:`~flide_ext.runtime.kv_pool.KVPool` the stream's
                 K/V are written to and the resumed prefixes' are read from, or
                 None (the plan then resumes from nothing).
+            cancelled: asked before each layer; true stops the forward (None: never).
 
         Returns:
             ``[R, vocab]`` float32 log-softmax at the readout rows.
+
+        Raises:
+            ForwardCancelled: ``cancelled()`` was true before a layer. What the
+                layers before it wrote (the plan's K/V rows and GDN slots) is
+                left half done: the caller drops it.
         """
         dtype = self.model.embed_tokens.weight.dtype
         cos, sin = self.rotary.cos_sin(plan.positions, dtype)
         ctx = ForwardContext(plan, cos, sin, state_pool, kv_pool)
-        h = self.hidden_states(ctx)
+        h = self.hidden_states(ctx, cancelled)
         if not self.selective_readout:
             return self._full_readout(h, plan.readout_rows)
         return readout_logprobs(h, plan.readout_rows, self.model.norm, self.lm_head)

@@ -15,6 +15,7 @@ checkpoint position they change no bit of what follows.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
@@ -157,6 +158,35 @@ def plan_with_cuts(groups, cached: CacheRound, device):
         planned, prompts, own = cut_prompts(cached, groups)
         plan = plan_round(planned, prompts, device, cached.resume)
     return plan, own
+
+
+def plan_cached_round(cache: Optional[StateCache], groups, kv_pool, device):
+    """The round's plan over the state cache: each request resumes from its
+    longest checkpoint, whose nodes are locked (the caller unlocks
+    ``cached.nodes``), and the cache is evicted until ``kv_pool`` has the
+    stream's rows. A round larger than the pool's working rows (beyond the round
+    capacity, run directly) runs as with the cache off.
+
+    Args:
+        cache: the state cache, or None (off).
+        groups: per request ``(prompts, labels)``.
+        kv_pool: the :class:`~.kv_pool.KVPool` the cache's rows are in.
+        device: where the plan is built.
+
+    Returns:
+        ``(cache, cached, plan, own)``: the cache the round uses (None: off or
+        bypassed), its :class:`CacheRound`, and :func:`plan_with_cuts`'s plan and own.
+    """
+    cached = plan_cache(cache, groups) if cache is not None else CacheRound()
+    plan, own = plan_with_cuts(groups, cached, device)
+    if cache is not None:
+        cache.lock(cached.nodes)
+        cache.evict(rows_needed=plan.num_tokens)
+        if kv_pool.num_free < plan.num_tokens:
+            cache.unlock(cached.nodes)
+            cache, cached = None, CacheRound()
+            plan, own = plan_with_cuts(groups, cached, device)
+    return cache, cached, plan, own
 
 
 def _chains(plan, requests) -> dict:

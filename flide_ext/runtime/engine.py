@@ -15,20 +15,21 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
+from ..models.base import ForwardCancelled
 from ..protocol.errors import ModelLoadError, RequestError
 from ..protocol.token_requests import TokenAnswer, TokenRequest, check_token_request, parse_token_request
 from .capacity import RequestSize, RoundCapacity
-from .checkpoints import CacheRound, keep_checkpoints, plan_cache, plan_with_cuts, round_size
+from .checkpoints import keep_checkpoints, plan_cached_round, round_size
 from .state_cache import StateCache
 from .graph_capacities import GraphCapacity
 from .model_runner import ModelRunner, parse_dtype
-from .round_result import BatchAnswers, RoundResult, RoundStats, round_result
-from .rounds import RoundQueue, request_size
+from .round_result import BatchAnswers, RoundCancelled, RoundResult, RoundStats, round_result
+from .rounds import RoundQueue, queue_batch
 
 
 def _serialised(method):
@@ -163,6 +164,7 @@ class Engine:
     def run_round(
         self,
         groups: Sequence[tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]]],
+        cancelled: Optional[Callable[[], bool]] = None,
     ) -> RoundResult:
         """Run one round: each group is one request's ``(prompts, label ids per prompt)``.
 
@@ -172,11 +174,22 @@ class Engine:
 
         Args:
             groups: the round's requests.
+            cancelled: asked before each layer of the forward (on CUDA graphs,
+                once before the replay, which runs whole); true stops the round.
+                The flat stream is shared, so a round runs for all its requests
+                or none: the caller says true only once no request of the round
+                is awaited. None: never asked.
 
         Returns:
             The round's :class:`~.round_result.RoundResult`: per request, per
             prompt, the full-vocabulary log-probability of each of its labels;
             stream tokens, resumed and kept checkpoint tokens per request; stats.
+
+        Raises:
+            RoundCancelled: ``cancelled()`` was true. The round's pool rows and
+                slots are free again and the cache is as the round found it
+                (a cut round keeps no checkpoint), so later rounds' answers are
+                what they would have been without it.
         """
         started = time.perf_counter()
         requests, prompts, labels = [], [], []
@@ -188,21 +201,7 @@ class Engine:
         if not prompts:
             return RoundResult([[] for _ in groups], [0] * n, [0] * n, [0] * n, RoundStats(requests=n), [None])
 
-        cache = self.cache
-        cached = plan_cache(cache, groups) if cache is not None else CacheRound()
-        plan, own = plan_with_cuts(groups, cached, self.runner.plan_device)
-        if cache is not None:
-            cache.lock(cached.nodes)
-            cache.evict(rows_needed=plan.num_tokens)
-            if self.runner.kv_pool.num_free < plan.num_tokens:
-                # Larger than the pool's working rows (a round beyond the round
-                # capacity, run directly): it runs as with the cache off.
-                cache.unlock(cached.nodes)
-                cache, cached = None, CacheRound()
-                plan, own = plan_with_cuts(groups, cached, self.runner.plan_device)
-            else:
-                cache.hits += len(cached.matches)
-                cache.cached_tokens_total += int(cached.prefix_rows.size)
+        cache, cached, plan, own = plan_cached_round(self.cache, groups, self.runner.kv_pool, self.runner.plan_device)
         readout = [row for row, mine in zip(plan.prompt_readout.tolist(), own) if mine]
         slots, stream_rows, kept_rows, kept_segments, kept_tokens = [], None, np.zeros(0, np.int64), set(), {}
         try:
@@ -211,9 +210,18 @@ class Engine:
                 plan.assign_kv_rows(cached.prefix_rows, stream_rows, self.runner.kv_pool.scratch_row)
             slots = self.runner.assign_slots(plan)
             planned = time.perf_counter()
-            logprobs, graph = self.runner.forward(plan)  # [>= R, vocab] on the device
+            try:
+                logprobs, graph = self.runner.forward(plan, cancelled)  # [>= R, vocab] on the device
+            except ForwardCancelled as cut:
+                # Its half-written rows and slots go back below; on a GPU the
+                # kernels already launched still write them, before any later
+                # round's kernels on the same stream.
+                raise RoundCancelled(n, len(prompts), plan.num_tokens, cut.layers_run, cut.layers,
+                                     time.perf_counter() - started) from None
             launched = time.perf_counter()
             if cache is not None:  # while the GPU computes them (a failed readout leaves them: they are computed)
+                cache.hits += len(cached.matches)  # here, not before: a cut round is no hit
+                cache.cached_tokens_total += int(cached.prefix_rows.size)
                 kept_rows, kept_segments, kept_tokens = keep_checkpoints(cache, plan, cached, stream_rows, slots)
             keeping = time.perf_counter() - launched
             label_logprobs = self.runner.gather_labels(logprobs, readout, labels)
@@ -263,20 +271,6 @@ class Engine:
 
     # -- batches: as many rounds as the capacity needs ---------------------------
 
-    def _queue(self, items: list, prompts_of, field: str) -> tuple[list, RoundQueue]:
-        # Each request no round can hold becomes its RequestError, in place; the
-        # others (by index among those kept) wait in one round queue.
-        out, queue, kept = [], RoundQueue(self.round_capacity), 0
-        for item in items:
-            if not isinstance(item, RequestError):
-                try:
-                    queue.put(kept, request_size(prompts_of(item), field), field)
-                    kept += 1
-                except RequestError as e:
-                    item = e
-            out.append(item)
-        return out, queue
-
     def _run_queue(self, groups: list, queue: RoundQueue) -> RoundResult:
         # The queue's items index ``groups``; rounds run until it is empty.
         n = len(groups)
@@ -303,7 +297,7 @@ class Engine:
         Raises:
             RequestError: a request larger than a round (naming ``prompts``).
         """
-        checked, queue = self._queue(list(groups), lambda g: g[0], "prompts")
+        checked, queue = queue_batch(self.round_capacity, list(groups), lambda g: g[0], "prompts")
         refused = next((item for item in checked if isinstance(item, RequestError)), None)
         if refused is not None:
             raise refused
@@ -334,7 +328,7 @@ class Engine:
                 parsed.append(req)
             except RequestError as e:
                 parsed.append(e)
-        checked, queue = self._queue(parsed, lambda r: r.prompts, "prompts")
+        checked, queue = queue_batch(self.round_capacity, parsed, lambda r: r.prompts, "prompts")
         good = [r for r in checked if not isinstance(r, RequestError)]
         result = self._run_queue([(r.prompts, [r.labels_for(i) for i in range(len(r.prompts))]) for r in good], queue)
         out, j = BatchAnswers(stats=result.stats), 0
@@ -385,7 +379,7 @@ class Engine:
                 prepared.append((req, renderer.encode(req)))
             except RequestError as e:
                 prepared.append(e)
-        checked, queue = self._queue(prepared, lambda p: [q.prompt_ids for q in p[1]], "questions")
+        checked, queue = queue_batch(self.round_capacity, prepared, lambda p: [q.prompt_ids for q in p[1]], "questions")
         good = [p for p in checked if not isinstance(p, RequestError)]
         result = self._run_queue([([q.prompt_ids for q in enc], [q.label_ids for q in enc]) for _, enc in good], queue)
         out, j = BatchAnswers(stats=result.stats), 0

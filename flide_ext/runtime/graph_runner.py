@@ -33,13 +33,14 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
 from ..kernels.fork_attention import tokens_per_block
 from ..kernels.gated_delta_rule import fla_available
 from ..kernels.tables import TableCapacity
+from ..models.base import ForwardCancelled
 from ..plan.flat import FlatPlan, plan_round
 from .graph_capacities import GraphCapacity
 from .round_buffers import RoundBuffers, device_round
@@ -280,14 +281,23 @@ class GraphRunner:
             below[1] + (tokens - below[0]) / (above[0] - below[0]) * (above[1] - below[1]))
         return max(self.launch_ms, gpu)
 
-    def run(self, plan: FlatPlan) -> tuple[torch.Tensor, Optional[GraphCapacity]]:
+    def run(self, plan: FlatPlan, cancelled: Optional[Callable[[], bool]] = None
+            ) -> tuple[torch.Tensor, Optional[GraphCapacity]]:
         """Run a round given as a host plan (slots assigned, and K/V rows when
         the runner has a K/V pool).
+
+        Args:
+            plan: the round's host plan.
+            cancelled: asked before each layer of an eager round and once before
+                a replay (None: never).
 
         Returns:
             ``([R', vocab] float32 log-probabilities on the device, whose first R
             rows are the plan's readout rows; the capacity replayed, or None when
             the round ran eagerly)``.
+
+        Raises:
+            ForwardCancelled: ``cancelled()`` was true.
         """
         if self._generation() != self._pool_generation:
             # The state pool grew: its tensors moved, so every graph is stale.
@@ -307,9 +317,11 @@ class GraphRunner:
             self.last_host_ms = 0.0
             device_plan = device_round(plan, self.spec, self.device)
             self._mark(0)
-            logprobs = self.model(device_plan, self.state_pool, self.kv_pool)
+            logprobs = self.model(device_plan, self.state_pool, self.kv_pool, cancelled)
             self._mark(1)
             return logprobs, None
+        if cancelled is not None and cancelled():  # asked once: a replay cannot stop midway
+            raise ForwardCancelled(0, len(self.model.model.layers))
         t0 = time.perf_counter()
         if self.mode == "per_shape":
             entry = self._shaped.get(capacity) or self._capture(capacity, self._shaped)

@@ -9,7 +9,7 @@ back the labels' log-probabilities.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
@@ -228,18 +228,29 @@ class ModelRunner:
         plan.assign_slots(slots)
         return slots
 
-    def forward(self, plan: FlatPlan) -> tuple[torch.Tensor, Optional[GraphCapacity]]:
+    def forward(self, plan: FlatPlan, cancelled: Optional[Callable[[], bool]] = None
+                ) -> tuple[torch.Tensor, Optional[GraphCapacity]]:
         """Run a planned round (slots assigned; K/V rows assigned when the runner
         has a K/V pool).
+
+        Args:
+            plan: the round's plan.
+            cancelled: asked before each layer of an eager forward and before a
+                graph's replay (which then runs whole: a round of milliseconds);
+                true stops the round (None: never).
 
         Returns:
             ``([>= R, vocab] float32 log-probabilities on the device, whose first R
             rows are the readout rows; the graph capacity replayed, or None when
             the round ran eagerly)``.
+
+        Raises:
+            ForwardCancelled: ``cancelled()`` was true; the plan's K/V rows and
+                slots hold half a round.
         """
         if self.graphs is None:
-            return self.model(plan, self.state_pool, self.kv_pool), None
-        return self.graphs.run(plan)
+            return self.model(plan, self.state_pool, self.kv_pool, cancelled), None
+        return self.graphs.run(plan, cancelled)
 
     def forward_times(self) -> tuple[float, float]:
         """``(tables, gpu)`` seconds of the last :meth:`forward`: the host's padding,

@@ -123,6 +123,27 @@ def round_result(n: int, requests: List[int], label_logprobs: list, prompts: lis
     return RoundResult(answers, stream, resumed, kept, stats, [graph])
 
 
+class RoundCancelled(Exception):
+    """A round stopped before its end because every one of its requests was
+    cancelled (:meth:`~flide_ext.runtime.engine.Engine.run_round`'s ``cancelled``):
+    nothing was answered and nothing kept in the state cache.
+
+    Attributes:
+        requests: requests in the round.
+        questions: their prompts.
+        stream_tokens: tokens of the round's flat stream.
+        layers_run: layers computed before it stopped (of ``layers``).
+        layers: the model's layers.
+        seconds: host seconds from the round's start until it stopped.
+    """
+
+    def __init__(self, requests: int, questions: int, stream_tokens: int, layers_run: int, layers: int,
+                 seconds: float):
+        super().__init__(f"the round of {requests} requests was cancelled after {layers_run} of {layers} layers")
+        self.requests, self.questions, self.stream_tokens = requests, questions, stream_tokens
+        self.layers_run, self.layers, self.seconds = layers_run, layers, seconds
+
+
 class BatchAnswers(list):
     """A batch's answers in request order (each an answer or the RequestError that
     kept its request out), with the :class:`RoundStats` of the rounds that

@@ -142,6 +142,32 @@ class RoundQueue(Generic[Item]):
         return [item for i, (item, _, _) in enumerate(waiting) if i in taken]
 
 
+def queue_batch(capacity: RoundCapacity, items: list, prompts_of, field: str) -> tuple[list, RoundQueue]:
+    """A batch's requests in one round queue (the engine's batch methods).
+
+    Args:
+        capacity: the rounds' capacity.
+        items: the requests; a RequestError among them stays as it is.
+        prompts_of: ``prompts_of(item)`` -> its prompts (for :func:`request_size`).
+        field: the request field they came from, named in errors.
+
+    Returns:
+        ``(checked, queue)``: ``items`` with each one no round can hold replaced
+        by its RequestError, and a queue of the others, each by its index among
+        the others.
+    """
+    out, queue, kept = [], RoundQueue(capacity), 0
+    for item in items:
+        if not isinstance(item, RequestError):
+            try:
+                queue.put(kept, request_size(prompts_of(item), field), field)
+                kept += 1
+            except RequestError as e:
+                item = e
+        out.append(item)
+    return out, queue
+
+
 class RoundPace:
     """How many stream tokens a round may take to last about ``seconds``.
 

@@ -3,7 +3,8 @@
 
 Otherwise the work is cancelled, and the tokenizer manager withdraws the request
 from the scheduler (an :class:`~.io_struct.Abort`): a request that has not
-started never runs, and a round already running is not interrupted. The client
+started never runs, and a running round stops early once none of its requests
+is awaited any more (:mod:`.withdrawals`). The client
 going away is seen on the ASGI channel (its ``http.disconnect`` message, which
 comes once the body has been read), so the body is never read twice.
 """

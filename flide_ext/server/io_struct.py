@@ -127,10 +127,28 @@ class SchedulerReady:
 @dataclass
 class Abort:
     """Withdraw request ``rid`` (its client went away, or it passed
-    ``--request-timeout``): the scheduler drops it if it still waits; a round
-    that already took it is not interrupted, and its answer is not awaited."""
+    ``--request-timeout``), sent on the work socket and on the abort socket
+    (:mod:`.withdrawals`): the scheduler drops it if it still waits, and stops
+    the running round that holds it once every request of that round is
+    withdrawn (a round that still has one awaited runs on). Its answer is not
+    awaited."""
 
     rid: int
+
+
+@dataclass
+class RoundCut:
+    """The scheduler stopped a round before its end because every one of its
+    requests was withdrawn while it ran; none of them is answered.
+
+    Attributes:
+        rids: the round's requests.
+        cache: ``Engine.cache_stats()`` after it (for ``/metrics``: the cut round
+            kept nothing, but making room for it may have evicted).
+    """
+
+    rids: List[int]
+    cache: Optional[dict] = None
 
 
 @dataclass

@@ -123,7 +123,7 @@ def serve(args: ServeArgs) -> None:
         torch.manual_seed(args.random_seed)
     path = str(resolve_model_path(args.model_path))
     ipc = tempfile.mkdtemp(prefix="flide-")
-    addrs = {name: f"ipc://{ipc}/{name}" for name in ("work", "done", "heartbeat")}
+    addrs = {name: f"ipc://{ipc}/{name}" for name in ("work", "done", "heartbeat", "abort")}
     # The readiness message is read synchronously; the asyncio socket that reads
     # results is bound on the same address afterwards (ZMQ reconnects the pusher).
     sync = zmq.Context()
@@ -135,7 +135,8 @@ def serve(args: ServeArgs) -> None:
                          tokenizer_path=args.tokenizer_path, **graphs, **cache)
     scheduler = multiprocessing.get_context("spawn").Process(
         target=run_scheduler, args=(engine_kwargs, addrs["work"], addrs["done"], capacity, fraction, log_level),
-        kwargs=dict(heartbeat_addr=addrs["heartbeat"], round_seconds=limits["round_seconds"],
+        kwargs=dict(heartbeat_addr=addrs["heartbeat"], abort_addr=addrs["abort"],
+                    round_seconds=limits["round_seconds"],
                     heartbeat_interval=heartbeat_interval(limits["heartbeat_timeout"])),
         daemon=True,
     )
@@ -187,7 +188,7 @@ def _http_server(args: ServeArgs, path: str, capacity: RoundCapacity, limits: di
     manager = TokenizerManager(tokenizer, ready.context_length, ready.vocab_size, addrs["work"], done, metrics, served,
                                capacity, resumes=bool(stats.get("enabled")),
                                max_queued_requests=limits["max_queued_requests"],
-                               request_timeout=limits["request_timeout"])
+                               request_timeout=limits["request_timeout"], abort_addr=addrs["abort"])
     info = ServerInfo(path, args.served_model_name or args.model_path, ready.context_length, ready.vocab_size,
                       args.dtype, args.device, args.api_key, args.disable_radix_cache, stats.get("budget_bytes", 0),
                       stats.get("max_tokens", 0), limits["max_body_bytes"], limits["body_read_timeout"])

@@ -89,6 +89,13 @@ class Metrics:
         # SGLang's sglang:num_queue_reqs: what --max-queued-requests bounds.
         self.queued = Gauge("flide_queued_requests", "Requests sent to the scheduler and not yet answered",
                             registry=self.registry)
+        # SGLang's sglang:num_aborted_requests_total; and the rounds cut short for them.
+        self.aborted = Counter("flide_aborted_requests_total",
+                               "Requests withdrawn from the scheduler: the client left or --request-timeout passed",
+                               registry=self.registry)
+        self.cancelled_rounds = Counter("flide_cancelled_rounds_total",
+                                        "Rounds stopped before their end because every one of their requests "
+                                        "was withdrawn", registry=self.registry)
         self._cache = _CacheCollector()
         self.registry.register(self._cache)
 

@@ -20,8 +20,11 @@ ones early, instead of one long round that holds every client.
 A FlushCache empties the cache between two rounds (requests already waiting run
 after it, recomputing their states) and is answered at once; every answer
 carries the cache's stats after it, for ``/metrics``. An Abort withdraws a
-waiting request (its client went away or it timed out), which then never runs;
-a running round is not interrupted.
+waiting request (its client went away or it timed out), which then never runs.
+A running round whose requests are all withdrawn stops after the layer it is
+in (:mod:`.withdrawals`), answers nobody and keeps nothing in the cache; one
+that still has a request awaited runs to its end (one flat stream computes
+them all).
 
 The process heartbeats from a thread of its own and dies with its parent
 (:mod:`.liveness`); it ignores SIGINT (a terminal's Ctrl-C reaches the whole
@@ -40,10 +43,12 @@ import zmq
 
 from ..protocol.errors import RequestError
 from ..runtime.capacity import RoundCapacity
+from ..runtime.round_result import RoundCancelled
 from ..runtime.rounds import RoundPace, RoundQueue, request_size
 from .cache_args import device_fraction_budget
-from .io_struct import Abort, FlushCache, FlushCacheDone, SchedulerReady, ScoreDone, ScoreWork
+from .io_struct import Abort, FlushCache, FlushCacheDone, RoundCut, SchedulerReady, ScoreDone, ScoreWork
 from .liveness import RoundClock, die_with_parent, start_heartbeat
+from .withdrawals import Withdrawals, start_abort_reader
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +56,7 @@ logger = logging.getLogger(__name__)
 def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity: RoundCapacity = RoundCapacity(),
                   mem_fraction_static: Optional[float] = None, log_level: Optional[str] = None,
                   heartbeat_addr: Optional[str] = None, heartbeat_interval: float = 1.0,
-                  round_seconds: Optional[float] = None) -> None:
+                  round_seconds: Optional[float] = None, abort_addr: Optional[str] = None) -> None:
     """Process entry point: load the model, then serve rounds forever.
 
     Args:
@@ -70,6 +75,8 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
             server; None: none are sent), once the model is loaded.
         heartbeat_interval: seconds between heartbeats.
         round_seconds: a round's time budget in seconds (None: the capacity alone).
+        abort_addr: ZMQ address the manager pushes each Abort to as well (bound
+            here), read while rounds run (None: a running round is never cut).
     """
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -79,6 +86,9 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
     work.bind(work_addr)
     done = context.socket(zmq.PUSH)
     done.connect(done_addr)
+    withdrawals = Withdrawals()
+    if abort_addr is not None:
+        start_abort_reader(context, abort_addr, withdrawals)
     try:
         if log_level is not None:
             _configure_logging(log_level)
@@ -140,8 +150,9 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
             continue
         try:
             started, started_at = time.perf_counter(), time.time()
+            withdrawals.start_round(w.rid for w in batch)
             with clock.running():
-                result = engine.run_round([(w.prompts, w.labels) for w in batch])
+                result = engine.run_round([(w.prompts, w.labels) for w in batch], withdrawals.all_gone)
             if pace is not None:
                 pace.observe(result.stats.stream_tokens, time.perf_counter() - started)
             stats = engine.cache_stats()
@@ -157,6 +168,9 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
                 done.send_pyobj(ScoreDone(w.rid, logprobs, stream, len(batch), cached * len(w.prompts), cache=stats,
                                           stages=stages))
             log_round(result, finish, len(waiting))  # once the answers are on their way
+        except RoundCancelled as cut:
+            done.send_pyobj(RoundCut([w.rid for w in batch], engine.cache_stats()))
+            log_cut(cut, len(waiting))
         except Exception:
             message = traceback.format_exc(limit=3)
             logger.error("round failed: %s", message)
@@ -188,6 +202,14 @@ def log_round(result, finish: float, waiting: int) -> None:
                 "plan: %.2f ms, tables: %.2f ms, gpu: %.2f ms, forward: %.2f ms, finish: %.2f ms, #queue-req: %d",
                 rs.requests, rs.questions, rs.stream_tokens, rs.resumed_tokens, shape, 1e3 * rs.plan_seconds,
                 1e3 * rs.tables_seconds, 1e3 * rs.gpu_seconds, 1e3 * rs.forward_seconds, 1e3 * finish, waiting)
+
+
+def log_cut(cut: RoundCancelled, waiting: int) -> None:
+    """One line per round stopped because all its clients left, at info: its
+    requests, questions and stream tokens, the layers it ran, and for how long."""
+    logger.info("Decision round cancelled. #req: %d, #question: %d, #stream-token: %d, layers: %d/%d, "
+                "ran: %.2f ms, #queue-req: %d", cut.requests, cut.questions, cut.stream_tokens, cut.layers_run,
+                cut.layers, 1e3 * cut.seconds, waiting)
 
 
 def _flush(engine, work: FlushCache) -> FlushCacheDone:

@@ -27,7 +27,7 @@ from ..protocol.token_bound import TokenBound
 from ..protocol.token_requests import check_labels, check_prompts
 from ..runtime.capacity import RoundCapacity
 from ..runtime.rounds import request_size
-from .io_struct import Abort, FlushCache, FlushCacheDone, ScoreDone, ScoreWork
+from .io_struct import Abort, FlushCache, FlushCacheDone, RoundCut, ScoreDone, ScoreWork
 from .metrics import Metrics, RequestClock
 
 
@@ -69,12 +69,14 @@ class TokenizerManager:
         request_timeout: seconds a request may take, from when its body was
             read, before it is withdrawn and answered 504 (``--request-timeout``;
             None: no limit); applied by the HTTP server, which owns the request.
+        abort_addr: the scheduler's ZMQ PULL address for Aborts read while a
+            round runs (:mod:`.withdrawals`); None: a running round is never cut.
     """
 
     def __init__(self, tokenizer, context_length: int, vocab_size: int, work_addr: str, done_socket, metrics: Metrics,
                  served_model_name: str = "default", capacity: RoundCapacity = RoundCapacity(),
                  resumes: bool = False, max_queued_requests: Optional[int] = None,
-                 request_timeout: Optional[float] = None):
+                 request_timeout: Optional[float] = None, abort_addr: Optional[str] = None):
         from ..protocol.systemone import SystemOneRenderer
 
         self.tokenizer = tokenizer
@@ -89,6 +91,11 @@ class TokenizerManager:
         # queued messages), so fail() reaches every request, however many are sent.
         self.work.setsockopt(zmq.SNDHWM, 0)
         self.work.connect(work_addr)
+        self.aborts = None
+        if abort_addr is not None:
+            self.aborts = self.context.socket(zmq.PUSH)
+            self.aborts.setsockopt(zmq.SNDHWM, 0)
+            self.aborts.connect(abort_addr)
         self.done = done_socket
         self.pending: dict[int, asyncio.Future] = {}
         self.rids = itertools.count()
@@ -111,10 +118,13 @@ class TokenizerManager:
 
     async def _receive(self) -> None:
         while True:
-            done = await self.done.recv_pyobj()  # ScoreDone or FlushCacheDone
+            done = await self.done.recv_pyobj()  # ScoreDone, FlushCacheDone or RoundCut
             self.last_answer = time.monotonic()
             if done.cache is not None:
                 self.metrics.cache(done.cache)
+            if isinstance(done, RoundCut):  # its clients are gone: nobody to answer
+                self.metrics.cancelled_rounds.inc()
+                continue
             future = self.pending.pop(done.rid, None)
             if future is not None and not future.done():  # a client may have gone away
                 future.set_result(done)
@@ -147,8 +157,12 @@ class TokenizerManager:
             return await future
         except asyncio.CancelledError:
             # Not sent yet, waiting or running (cancelling the task cancelled the
-            # future too): the scheduler drops it if it still waits, ignores it otherwise.
+            # future too): the scheduler drops it if it still waits, and stops its
+            # running round if no other request of it is awaited.
             self.work.send_pyobj(Abort(rid))  # not awaited: a cancelled task sends without waiting
+            if self.aborts is not None:
+                self.aborts.send_pyobj(Abort(rid))
+            self.metrics.aborted.inc()
             raise
         finally:
             self.pending.pop(rid, None)

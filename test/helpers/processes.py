@@ -92,6 +92,25 @@ def scheduler_of(server_pid: int):
     return children[0]
 
 
+def wait_for_cpu(process, seconds: float, timeout: float = 60.0) -> None:
+    """Wait until ``process`` (``psutil.Process``) has spent ``seconds`` of CPU
+    (user and system, all its threads) since the call: an idle scheduler, which
+    waits on its socket, spends none, so it is then computing a round.
+
+    Raises:
+        AssertionError: not within ``timeout`` seconds.
+    """
+
+    def spent():
+        times = process.cpu_times()
+        return times.user + times.system
+
+    start, deadline = spent(), time.monotonic() + timeout
+    while spent() - start < seconds:
+        assert time.monotonic() < deadline, f"the process spent under {seconds} s of CPU in {timeout} s"
+        time.sleep(0.02)
+
+
 def running(pid: int) -> bool:
     """Whether process ``pid`` still runs (a zombie, exited but not reaped, does not)."""
     import psutil

@@ -1,5 +1,7 @@
-"""Token-id ``/v1/score`` requests of chosen sizes, sent from threads, and the
-rounds a server logged (the scheduler's ``Decision round.`` lines)."""
+"""Token-id ``/v1/score`` requests of chosen sizes, sent from threads or
+abandoned by their clients, and the rounds a server logged (the scheduler's
+``Decision round.`` lines, and ``Decision round cancelled.`` for a round cut
+short because all its clients left)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import numpy as np
 import requests
 
 ROUND_LINE = re.compile(r"Decision round\. #req: (\d+), #question: (\d+), #stream-token: (\d+)")
+CUT_LINE = re.compile(r"Decision round cancelled\. #req: (\d+), #question: (\d+), #stream-token: (\d+)")
 
 
 def score_body(rng: np.random.Generator, prompts: int, tokens: int, vocab: int = 128) -> dict:
@@ -33,11 +36,16 @@ def rounds(log_text: str) -> list[tuple[int, int]]:
     return [(int(m[1]), int(m[3])) for m in ROUND_LINE.finditer(log_text)]
 
 
-def logged_rounds(log, count: int, timeout: float = 60.0) -> str:
+def cut_rounds(log_text: str) -> list[tuple[int, int]]:
+    """``(#req, #stream-token)`` of each cut round logged in ``log_text``, in order."""
+    return [(int(m[1]), int(m[3])) for m in CUT_LINE.finditer(log_text)]
+
+
+def logged_rounds(log, count: int, timeout: float = 60.0, of=rounds) -> str:
     """The server log's text once it shows ``count`` rounds (each is logged just
-    after its answers are sent)."""
+    after its answers are sent), or ``count`` cut rounds with ``of=cut_rounds``."""
     deadline = time.time() + timeout
-    while len(rounds(text := log.read_text())) < count and time.time() < deadline:
+    while len(of(text := log.read_text())) < count and time.time() < deadline:
         time.sleep(0.05)
     return text
 
@@ -78,15 +86,28 @@ def send(url: str, body: dict, headers: Optional[dict] = None) -> Call:
     return call
 
 
+class Abandoned:
+    """``body`` sent as a POST /v1/score to ``url`` over a plain socket, whose
+    client goes away without reading the answer when :meth:`leave` is called."""
+
+    def __init__(self, url: str, body: dict):
+        import json
+
+        self.body = body
+        host, port = url.removeprefix("http://").split(":")
+        data = json.dumps(body).encode()
+        head = (f"POST /v1/score HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\n\r\n").encode()
+        self.conn = socket.create_connection((host, int(port)))
+        self.conn.sendall(head + data)
+
+    def leave(self) -> None:
+        self.conn.close()
+
+
 def send_and_leave(url: str, body: dict, stay: float) -> None:
     """Send ``body`` as a POST to ``url`` over a plain socket, and close the
     connection after ``stay`` seconds without reading the answer."""
-    import json
-
-    host, port = url.removeprefix("http://").split(":")
-    data = json.dumps(body).encode()
-    head = (f"POST /v1/score HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\n\r\n").encode()
-    with socket.create_connection((host, int(port))) as conn:
-        conn.sendall(head + data)
-        time.sleep(stay)
+    client = Abandoned(url, body)
+    time.sleep(stay)
+    client.leave()

@@ -1,6 +1,7 @@
 """Abandoned and timed-out requests are withdrawn before their round (never
-computed), a full queue answers 503, and 64 clients x 1,000 requests lose
-nothing (flide_ext/server/cancellation.py, the scheduler's Abort, the
+computed), a running round whose clients all left is cut short, a full queue
+answers 503, and 64 clients x 1,000 requests lose nothing
+(flide_ext/server/cancellation.py, the scheduler's Abort and withdrawals, the
 manager's --max-queued-requests). And the cancellation helper alone."""
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import pytest
 import requests
 
 from flide_ext.server.cancellation import ClientDisconnected, RequestTimedOut, while_client_waits
-from test.helpers.processes import scheduler_of, start_server
-from test.helpers.score_load import logged_rounds, rounds, score_body, send, send_and_leave, stream_tokens
+from test.helpers.checkpoints import write_char_tokenizer, write_tiny_checkpoint
+from test.helpers.processes import scheduler_of, start_server, wait_for_cpu
+from test.helpers.score_load import (Abandoned, cut_rounds, logged_rounds, rounds, score_body, send, send_and_leave,
+                                     stream_tokens)
 
 QUEUE = 64  # --max-queued-requests: as many as the 64 clients below, who are never refused
 HEAVY = dict(prompts=3, tokens=1900)  # a round of seconds on the CPU
@@ -73,6 +76,63 @@ def test_a_probe_behind_three_abandoned_heavy_requests_is_not_delayed_by_them(se
     assert behind <= 2 * unloaded, (behind, unloaded)
     # The rounds run since: the heavy one and the probe's; no abandoned one.
     assert rounds(log.read_text()[mark:]) == [(1, stream_tokens(running.body)), (1, stream_tokens(probe.body))]
+
+
+# A model as deep as a small real one (the test model has 2 layers): a round is
+# cut between two layers, so one layer's time is what a cut may keep the next
+# round waiting, and here a layer of DEEP_HEAVY takes about a third of a DEEP_PROBE round.
+DEEP_LAYERS = 8
+DEEP_HEAVY = dict(prompts=2, tokens=1900)  # seconds on the CPU
+DEEP_PROBE = dict(prompts=1, tokens=1900)
+
+
+def _wait_metric(url: str, line_start: str, value: float, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _metric(url, line_start) != value:
+        assert time.monotonic() < deadline, f"{line_start.strip()} is {_metric(url, line_start)}, not {value}"
+        time.sleep(0.02)
+
+
+def test_a_running_round_whose_clients_all_left_is_cut_and_the_probe_is_not_delayed(tmp_path):
+    """A heavy request's round runs; three more heavy ones arrive and their
+    clients leave; then the first one's client leaves too, and a probe comes.
+    The running round is cut (logged, counted in /metrics), the three never
+    run, and the probe takes at most twice as long as alone."""
+    model = write_tiny_checkpoint(tmp_path / "deep", "llama", seed=7, vocab_size=128, num_hidden_layers=DEEP_LAYERS)
+    write_char_tokenizer(model)
+    proc, url, log = _serve(model, tmp_path)
+    try:
+        rng = np.random.default_rng(14)
+        # Warm (a CPU process's first long rounds are slower), then the probe alone.
+        assert send(_score(url), score_body(rng, **DEEP_HEAVY)).wait().status == 200
+        alone = [send(_score(url), score_body(rng, **DEEP_PROBE)).wait() for _ in range(3)]
+        assert all(c.status == 200 for c in alone)
+        unloaded = statistics.median(c.answered - c.sent for c in alone)
+        mark = len(logged_rounds(log, 4))
+        aborted = _metric(url, "flide_aborted_requests_total ")
+
+        first = Abandoned(url, score_body(rng, **DEEP_HEAVY))
+        wait_for_cpu(scheduler_of(proc.pid), 0.3)  # its round computes: the others cannot join it
+        others = [Abandoned(url, score_body(rng, **DEEP_HEAVY)) for _ in range(3)]
+        _wait_metric(url, "flide_queued_requests ", 4)  # all four are with the scheduler
+        for client in others:
+            client.leave()
+        _wait_metric(url, "flide_aborted_requests_total ", aborted + 3)  # their Aborts are sent
+        first.leave()
+        probe = send(_score(url), score_body(rng, **DEEP_PROBE)).wait()
+        assert probe.status == 200, probe.answer
+        behind = probe.answered - probe.sent
+        print(f"probe behind a cut round and 3 abandoned ones: {behind:.3f} s, {unloaded:.3f} s alone")
+
+        text = logged_rounds(log, 5)[mark:]
+        assert rounds(text) == [(1, stream_tokens(probe.body))], "an abandoned request's round ran (to its end)"
+        assert cut_rounds(text) == [(1, stream_tokens(first.body))]
+        assert _metric(url, "flide_cancelled_rounds_total ") == 1
+        assert _metric(url, "flide_aborted_requests_total ") == aborted + 4
+        assert behind <= 2 * unloaded, (behind, unloaded)
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def test_a_full_queue_answers_503_at_once(server):
@@ -153,7 +213,10 @@ def test_64_clients_1000_score_requests_lose_nothing(server, char_model_dir):
     assert _metric(url, counted) - before == len(bodies)
 
 
-def test_a_timed_out_request_is_504_and_never_computed(char_model_dir, tmp_path):
+def test_a_timed_out_request_is_504_and_never_answered_by_a_round(char_model_dir, tmp_path):
+    """Two requests pass --request-timeout: the running one's round is cut, and
+    the waiting one never runs, or is cut as soon as its round starts (its
+    timeout may come just after the first cut)."""
     proc, url, log = _serve(char_model_dir, tmp_path, "--request-timeout", "0.5")
     try:
         rng = np.random.default_rng(13)
@@ -164,11 +227,15 @@ def test_a_timed_out_request_is_504_and_never_computed(char_model_dir, tmp_path)
         assert waiting.status == 504, waiting.answer
         assert waiting.answer["type"] == "TimeoutError" and "--request-timeout (0.5 s)" in waiting.answer["message"]
         assert 0.5 <= took < 0.5 + 2.0, took
-        assert running.wait().status == 504  # answered at its timeout; its round runs on
-        logged_rounds(log, 1)  # the running round has ended
+        assert running.wait().status == 504  # answered at its timeout; nobody waits for its round now
+        logged_rounds(log, 1, of=cut_rounds)
         probe = send(_score(url), score_body(rng, 1, 50)).wait()
         assert probe.status == 200, probe.answer
-        assert rounds(logged_rounds(log, 2)) == [(1, stream_tokens(running.body)), (1, 50)]  # never the timed-out one
+        text = logged_rounds(log, 1)  # the probe's: the scheduler logged every cut before it
+        assert rounds(text) == [(1, 50)]
+        cuts = cut_rounds(text)
+        assert cuts[0] == (1, stream_tokens(running.body))
+        assert cuts[1:] in ([], [(1, 777)]), cuts
     finally:
         proc.terminate()
         proc.wait(30)

@@ -1,4 +1,4 @@
-"""The scheduler's round log line (SGLang logs each batch the same way)."""
+"""The scheduler's round log lines (SGLang logs each batch the same way), a cut round's too."""
 
 import logging
 
@@ -28,3 +28,14 @@ def test_nothing_is_formatted_above_info(caplog):
     with caplog.at_level(logging.WARNING, logger="flide_ext.server.scheduler"):
         log_round(_result(None), 0.0, 0)
     assert caplog.records == []
+
+
+def test_a_cut_round_is_logged_at_info(caplog):
+    from flide_ext.runtime.round_result import RoundCancelled
+    from flide_ext.server.scheduler import log_cut
+
+    with caplog.at_level(logging.INFO, logger="flide_ext.server.scheduler"):
+        log_cut(RoundCancelled(1, 3, 5700, 2, 6, 1.2345), 4)
+    assert [r.getMessage() for r in caplog.records] == [
+        "Decision round cancelled. #req: 1, #question: 3, #stream-token: 5700, layers: 2/6, ran: 1234.50 ms, "
+        "#queue-req: 4"]
