@@ -141,7 +141,8 @@ class TokenizerManager:
 
     async def _ask(self, make, queued: bool = False):
         # Send make(rid) to the scheduler and await the answer with that rid;
-        # ``queued`` counts it against --max-queued-requests. Cancelled (its
+        # ``queued`` (a client's score request) counts it against
+        # --max-queued-requests and, withdrawn, as aborted. Cancelled (its
         # client went away, or it timed out), it is withdrawn from the scheduler.
         if self.scheduler_error is not None:
             raise SchedulerUnavailable(self.scheduler_error)
@@ -162,7 +163,8 @@ class TokenizerManager:
             self.work.send_pyobj(Abort(rid))  # not awaited: a cancelled task sends without waiting
             if self.aborts is not None:
                 self.aborts.send_pyobj(Abort(rid))
-            self.metrics.aborted.inc()
+            if queued:  # a client's request; not /health_generate's probe, withdrawn once anything answered
+                self.metrics.aborted.inc()
             raise
         finally:
             self.pending.pop(rid, None)

@@ -287,3 +287,39 @@ def test_a_timeout_cancels_the_work():
     with pytest.raises(RequestTimedOut, match=r"--request-timeout \(0.1 s\)"):
         asyncio.run(while_client_waits(_client(), work(), timeout=0.1))
     assert work.cancelled and time.perf_counter() - started < 5
+
+
+def test_a_withdrawn_health_probe_is_no_aborted_request(char_model_dir, tmp_path):
+    """``/health_generate`` withdraws its probe once any answer comes (a busy
+    server's): no client left and no --request-timeout passed, so
+    ``flide_aborted_requests_total`` (as SGLang's counter, which its probe
+    never moves) counts only the score request withdrawn here."""
+    import zmq
+    import zmq.asyncio
+    from transformers import AutoTokenizer
+
+    from flide_ext.server.metrics import Metrics
+    from flide_ext.server.tokenizer_manager import TokenizerManager
+
+    async def run():
+        silent = zmq.Context()  # a busy scheduler: it reads nothing meanwhile
+        work = silent.socket(zmq.PULL)
+        work.bind(f"ipc://{tmp_path}/work")
+        done = zmq.asyncio.Context.instance().socket(zmq.PULL)
+        done.bind(f"ipc://{tmp_path}/done")
+        metrics = Metrics()
+        manager = TokenizerManager(AutoTokenizer.from_pretrained(char_model_dir), 2000, 128,
+                                   f"ipc://{tmp_path}/work", done, metrics, abort_addr=f"ipc://{tmp_path}/abort")
+        probe = asyncio.ensure_future(manager.probe())
+        score = asyncio.ensure_future(manager.score([np.arange(3, 9)], [[1, 2]]))
+        await asyncio.sleep(0.2)  # both sent
+        probe.cancel()  # what /health_generate does once the scheduler answered anything
+        score.cancel()  # its client left
+        await asyncio.gather(probe, score, return_exceptions=True)
+        done.close(linger=0)
+        work.close(linger=0)
+        silent.destroy(linger=0)
+        return metrics.registry.get_sample_value("flide_aborted_requests_total"), manager.queued
+
+    aborted, queued = asyncio.run(run())
+    assert (aborted, queued) == (1, 0)
