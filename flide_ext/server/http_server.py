@@ -31,6 +31,7 @@ import orjson
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from sglang.srt.entrypoints.systemone.protocol import SystemOneResponse
 from sglang.srt.utils.auth import AuthLevel, add_api_key_middleware, auth_level
@@ -82,7 +83,10 @@ def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> 
     json_only = [Depends(require_json)]
 
     async def body_of(request: Request):
-        raw = await request.body()
+        try:
+            raw = await request.body()
+        except ClientDisconnect:  # it left before its body had all come: as one that leaves while it waits
+            raise ClientDisconnected() from None
         try:
             return orjson.loads(raw)  # SGLang's own parser: long id lists parse faster than with json
         except orjson.JSONDecodeError as e:

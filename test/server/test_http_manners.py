@@ -240,3 +240,39 @@ def test_a_large_request_does_not_hold_up_health(served):
     health, large_done_then, (status, _, body) = asyncio.run(run())
     assert health[0] == 200 and not large_done_then
     assert status == 400 and json.loads(body)["param"].startswith("items")
+
+
+def test_a_client_that_leaves_mid_body_is_a_withdrawn_request_not_a_server_error(served):
+    """A client that closes its connection before its body has all arrived is
+    answered as one that leaves while its request waits (400, nobody reads it):
+    not a 500 with a traceback in the log, as if the server had failed."""
+    url, log = served
+    port = int(url.rsplit(":", 1)[1])
+    series = 'flide_requests_total{route="/v1/score",status="%d"}'
+
+    def count(status):
+        for line in requests.get(f"{url}/metrics", timeout=10).text.splitlines():
+            if line.startswith(series % status):
+                return float(line.split()[-1])
+        return 0.0
+
+    before = {status: count(status) for status in (400, 500)}
+    mark = len(log.read_text())
+
+    async def leave():
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_post("/v1/score", 1000).encode() + b'{"query": [1, 2')
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.close()
+
+    async def run():
+        await asyncio.gather(*(leave() for _ in range(3)))
+
+    asyncio.run(run())
+    deadline = time.monotonic() + 10
+    while count(400) < before[400] + 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (count(400), count(500)) == (before[400] + 3, before[500])
+    assert "Traceback" not in log.read_text()[mark:]
+    assert requests.get(f"{url}/health", timeout=5).status_code == 200
