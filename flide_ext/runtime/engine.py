@@ -187,8 +187,9 @@ class Engine:
 
         Raises:
             RoundCancelled: ``cancelled()`` was true. The round's pool rows and
-                slots are free again and the cache is as the round found it
-                (a cut round keeps no checkpoint), so later rounds' answers are
+                slots are free again and it kept no checkpoint (it may have
+                evicted some to make room, and marked those it matched as
+                recently used, as any round does), so later rounds' answers are
                 what they would have been without it.
         """
         started = time.perf_counter()

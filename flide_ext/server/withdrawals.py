@@ -55,7 +55,9 @@ def start_abort_reader(context: zmq.Context, address: str, withdrawals: Withdraw
 
     The socket is bound here, so a bad address raises ``zmq.ZMQError`` here; from
     then on only the thread uses it (ZMQ sockets are not thread-safe; one may
-    move to another thread, as here, at the thread's start).
+    move to another thread, as here, at the thread's start), and ``context.term()``
+    ends the thread. ``context.destroy()`` would close the socket from another
+    thread while this one waits in it: it may hang.
     """
     socket = context.socket(zmq.PULL)
     socket.setsockopt(zmq.RCVHWM, 0)  # as the work socket: nothing is held back in the manager's process
@@ -63,7 +65,12 @@ def start_abort_reader(context: zmq.Context, address: str, withdrawals: Withdraw
     socket.bind(address)
 
     def read():
-        while True:
-            withdrawals.add(socket.recv_pyobj().rid)
+        try:
+            while True:
+                withdrawals.add(socket.recv_pyobj().rid)
+        except zmq.ContextTerminated:
+            # The context is ending (its term() waits for every socket): close
+            # this one here, the only thread that may.
+            socket.close()
 
     threading.Thread(target=read, name="flide-aborts", daemon=True).start()

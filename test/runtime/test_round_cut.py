@@ -1,7 +1,7 @@
 """A round cut short (``Engine.run_round(..., cancelled=...)``, what the
 scheduler does once every client of a running round has gone): it stops after
-the layer it is in, gives every pool row and slot back, leaves the state cache
-as it found it, and the rounds after it answer the bits a fresh engine gives."""
+the layer it is in, gives every pool row and slot back, keeps no checkpoint
+(with room to spare, the state cache is as it found it), and the rounds after it answer the bits a fresh engine gives."""
 
 from __future__ import annotations
 

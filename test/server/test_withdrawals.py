@@ -38,12 +38,12 @@ def test_an_abort_before_its_round_starts_counts_and_others_are_dropped():
 
 def test_the_reader_records_aborts_from_another_process_socket(tmp_path):
     context = zmq.Context()
+    push = context.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
     try:
         w = Withdrawals()
         address = f"ipc://{tmp_path}/abort"
         start_abort_reader(context, address, w)
-        push = context.socket(zmq.PUSH)
-        push.setsockopt(zmq.LINGER, 0)
         push.connect(address)
         w.start_round([4, 5])
         push.send_pyobj(Abort(4))
@@ -52,6 +52,8 @@ def test_the_reader_records_aborts_from_another_process_socket(tmp_path):
         while not w.all_gone() and time.monotonic() < deadline:
             time.sleep(0.01)
         assert w.all_gone()
-        push.close()
     finally:
-        context.destroy(linger=0)
+        push.close()
+        # term(), not destroy(): the reader's socket is closed by its own thread
+        # (destroy() closed it from this one while the reader waited in it, and hung).
+        context.term()
