@@ -25,9 +25,9 @@ def test_sgl_decide_is_registered_in_either_import_order():
     from flide_ext.entrypoints.lang import decide
 
     name = f"{decide.__module__}.{decide.__qualname__}"
-    after = _run("import sglang, flide_ext; print(sglang.decide.__module__ + '.' + sglang.decide.__qualname__)")
-    assert after == name
+    after = _run("import sglang, flide_ext; print(sglang.decide.__module__ + '.' + sglang.decide.__qualname__, "
+                 "flide_ext.Engine.__name__, flide_ext.RequestError.__name__)")
+    assert after == f"{name} Engine RequestError"  # the package's names, imported on first use
     before = _run("import flide_ext, sglang; had = hasattr(sglang, 'decide'); "
                   "from flide_ext.entrypoints.lang import FlideEndpoint; print(had, sglang.decide.__qualname__)")
     assert before == f"False {decide.__qualname__}"
-    assert _run("import flide_ext; print(flide_ext.Engine.__name__, flide_ext.RequestError.__name__)") == "Engine RequestError"
