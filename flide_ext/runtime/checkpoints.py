@@ -212,31 +212,34 @@ def keep_checkpoints(cache: StateCache, plan, cached: CacheRound, stream_rows: n
         slots: per real segment its GDN slot (empty without GDN layers).
 
     Returns:
-        ``(kept_rows, kept_segments, kept_tokens)``: the stream rows the cache
-        now owns, the segments whose slots it took, and request index -> tokens
-        of the longest checkpoint it left.
+        ``(kept, kept_segments, kept_tokens)``: ``[T]`` bool, true at the stream
+        rows the cache now owns (the caller frees ``stream_rows[~kept]``), the
+        segments whose slots it took, and request index -> tokens of the
+        longest checkpoint it left.
     """
-    kept, kept_segments, kept_tokens = [], set(), {}
+    # A mask over the stream, set where the cache takes rows: freeing the rest
+    # needs no set lookup (np.isin) of every stream row among the kept ones.
+    kept, kept_segments, kept_tokens = np.zeros(len(stream_rows), dtype=bool), set(), {}
     chains = _chains(plan, cached.cuts)
     for r, cuts in cached.cuts.items():
         chain = chains[r]
         state = cached.states[r]
 
         def rows_of(a: int, b: int, chain=chain) -> np.ndarray:
+            # The cache keeps every row it asks for (StateCache.insert).
             parts = []
             for start, row, n, _ in chain:
                 lo, hi = max(a, start), min(b, start + n)
                 if lo < hi:
                     parts.append(stream_rows[row + lo - start: row + hi - start])
+                    kept[row + lo - start: row + hi - start] = True
             return np.concatenate(parts)
 
         for c in cuts:
             ends = [s for start, _, n, s in chain if start + n == c and start < c]
             slot = slots[ends[0]] if slots and ends else -1
-            rows, taken = cache.insert(state[:c], rows_of, slot)
-            kept += rows
+            _, taken = cache.insert(state[:c], rows_of, slot)
             if taken:
                 kept_segments.add(ends[0])
             kept_tokens[r] = c
-    rows = np.concatenate(kept) if kept else np.zeros(0, np.int64)
-    return rows, kept_segments, kept_tokens
+    return kept, kept_segments, kept_tokens

@@ -204,7 +204,7 @@ class Engine:
 
         cache, cached, plan, own = plan_cached_round(self.cache, groups, self.runner.kv_pool, self.runner.plan_device)
         readout = [row for row, mine in zip(plan.prompt_readout.tolist(), own) if mine]
-        slots, stream_rows, kept_rows, kept_segments, kept_tokens = [], None, np.zeros(0, np.int64), set(), {}
+        slots, stream_rows, kept, kept_segments, kept_tokens = [], None, None, set(), {}
         try:
             if cache is not None:
                 stream_rows = self.runner.kv_pool.allocate(plan.num_tokens)
@@ -223,13 +223,13 @@ class Engine:
             if cache is not None:  # while the GPU computes them (a failed readout leaves them: they are computed)
                 cache.hits += len(cached.matches)  # here, not before: a cut round is no hit
                 cache.cached_tokens_total += int(cached.prefix_rows.size)
-                kept_rows, kept_segments, kept_tokens = keep_checkpoints(cache, plan, cached, stream_rows, slots)
+                kept, kept_segments, kept_tokens = keep_checkpoints(cache, plan, cached, stream_rows, slots)
             keeping = time.perf_counter() - launched
             label_logprobs = self.runner.gather_labels(logprobs, readout, labels)
             forwarded = time.perf_counter()
         finally:
             if stream_rows is not None:
-                self.runner.kv_pool.release(stream_rows[~np.isin(stream_rows, kept_rows)])
+                self.runner.kv_pool.release(stream_rows if kept is None else stream_rows[~kept])
             self.runner.release_slot([slot for s, slot in enumerate(slots) if slot >= 0 and s not in kept_segments])
             if cache is not None:
                 cache.unlock(cached.nodes)
