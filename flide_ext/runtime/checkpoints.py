@@ -89,11 +89,12 @@ def plan_cache(cache: StateCache, groups) -> CacheRound:
 
     Args:
         cache: the state cache.
-        groups: per request ``(prompts, labels)``.
+        groups: per request ``(prompts, labels)``, or ``(prompts, labels, state)``
+            when the caller knows its :func:`state_of` (not computed again).
     """
     out, offset, parts = CacheRound(), 0, []
-    for r, (prompts, _) in enumerate(groups):
-        state = state_of(prompts)
+    for r, group in enumerate(groups):
+        state = group[2] if len(group) > 2 else state_of(group[0])
         out.states[r] = state
         match: Match = cache.match(state, len(state))
         base = match.length
@@ -120,8 +121,8 @@ def cut_prompts(cached: CacheRound, groups) -> tuple[list, list, list]:
         nobody).
     """
     requests, prompts, own = [], [], []
-    for r, (group_prompts, _) in enumerate(groups):
-        for p in group_prompts:  # lists or int64 arrays, not copied
+    for r, group in enumerate(groups):
+        for p in group[0]:  # lists or int64 arrays, not copied
             requests.append(r)
             prompts.append(p)
             own.append(True)

@@ -163,10 +163,12 @@ class Engine:
     @torch.inference_mode()
     def run_round(
         self,
-        groups: Sequence[tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]]],
+        groups: Sequence[tuple],
         cancelled: Optional[Callable[[], bool]] = None,
     ) -> RoundResult:
-        """Run one round: each group is one request's ``(prompts, label ids per prompt)``.
+        """Run one round: each group is one request's ``(prompts, label ids per prompt)``,
+        or ``(prompts, labels, state)`` from a caller that has the request's state
+        (:func:`~.checkpoints.state_of` of its prompts: the scheduler's ScoreWork).
 
         With the state cache on, each request resumes from the longest cached
         checkpoint of its state and leaves its own state behind
@@ -194,7 +196,7 @@ class Engine:
         """
         started = time.perf_counter()
         requests, prompts, labels = [], [], []
-        for r, (group_prompts, group_labels) in enumerate(groups):
+        for r, (group_prompts, group_labels, *_) in enumerate(groups):
             requests += [r] * len(group_prompts)
             prompts += list(group_prompts)
             labels += [list(l) for l in group_labels]

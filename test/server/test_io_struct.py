@@ -7,6 +7,7 @@ import pickle
 
 import numpy as np
 
+from flide_ext.runtime.checkpoints import state_of
 from flide_ext.server.io_struct import ScoreWork
 
 
@@ -25,6 +26,9 @@ def test_pack_splits_at_the_common_prefix_and_restores_the_prompts():
         assert work.rid == 7 and work.labels == [[1, 2]] * len(prompts) and work.sent > 0, name
         assert all(np.array_equal(a, b) and a.dtype == np.int64 for a, b in zip(work.prompts, prompts)), name
         assert len(work.prompts) == len(prompts), name
+        # The state the scheduler hands the engine with the prompts is the one
+        # the engine would compute from them.
+        assert np.array_equal(work.state, state_of(prompts)) and work.state.dtype == np.int64, name
         # The prefix is the longest every prompt shares.
         n = len(work.shared)
         assert all(np.array_equal(p[:n], work.shared) for p in prompts), name
