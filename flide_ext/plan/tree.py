@@ -60,6 +60,14 @@ class PrefixTree:
     def num_levels(self) -> int:
         return 1 + max((s.depth for s in self.segments), default=-1)
 
+    @property
+    def shared_tokens(self) -> int:
+        """Tokens every prompt starts with, for a one-request tree: its root's,
+        when it has only one (:func:`common_prefix` of the prompts, found already)."""
+        if not self.segments or (len(self.segments) > 1 and self.segments[1].depth == 0):
+            return 0
+        return len(self.segments[0].tokens)
+
     def path(self, segment: int) -> list[int]:
         """Segment indices from the root down to ``segment``, inclusive."""
         out = []
