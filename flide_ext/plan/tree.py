@@ -60,6 +60,14 @@ class PrefixTree:
     def num_levels(self) -> int:
         return 1 + max((s.depth for s in self.segments), default=-1)
 
+    @property
+    def shared_tokens(self) -> int:
+        """Tokens every prompt starts with, for a one-request tree: its root's,
+        when it has only one (:func:`common_prefix` of the prompts, found already)."""
+        if not self.segments or (len(self.segments) > 1 and self.segments[1].depth == 0):
+            return 0
+        return len(self.segments[0].tokens)
+
     def path(self, segment: int) -> list[int]:
         """Segment indices from the root down to ``segment``, inclusive."""
         out = []
@@ -75,11 +83,15 @@ def common_prefix(arrays: Sequence[np.ndarray], start: int = 0) -> int:
     first = arrays[0]
     length = min(len(a) for a in arrays) - start
     for a in arrays[1:]:
-        if length == 0:
+        if length <= 0:
             break
-        diff = np.flatnonzero(a[start : start + length] != first[start : start + length])
-        if diff.size:
-            length = int(diff[0])
+        # argmax finds the first difference in one call (flatnonzero costs
+        # three Python-level calls, and this runs per tree node and per edge
+        # of every cache walk).
+        diff = a[start : start + length] != first[start : start + length]
+        at = int(diff.argmax())
+        if diff[at]:
+            length = at
     return length
 
 
@@ -122,12 +134,12 @@ def build_prefix_tree(requests: Sequence[int], prompts: Sequence[Sequence[int]])
             queue.append((group, 0, -1, 0, r))
     while queue:
         items, start, parent, depth, r = queue.popleft()
-        if len(items) == 1:  # a leaf: the rest of its prompt (most questions)
-            length = len(arrays[items[0]]) - start
-        else:
-            length = common_prefix([arrays[i] for i in items], start)
-        end = start + length
         index = len(built)
+        if len(items) == 1:  # a leaf: the rest of its prompt (most questions)
+            built.append(Segment(r, parent, arrays[items[0]][start:], start, depth))
+            readout[items[0]] = index
+            continue
+        end = start + common_prefix([arrays[i] for i in items], start)
         built.append(Segment(r, parent, arrays[items[0]][start:end], start, depth))
         rest = []
         for i in items:
@@ -138,8 +150,11 @@ def build_prefix_tree(requests: Sequence[int], prompts: Sequence[Sequence[int]])
         for group in _group_by_token(rest, arrays, end):
             queue.append((group, end, index, depth + 1, r))
 
-    # Breadth-first construction already yields level order within a request;
-    # a stable sort puts all requests' roots first, then all depth-1 nodes, ...
+    # Breadth-first construction from every request's roots at once yields
+    # level order (by depth, then request) when requests first appear in index
+    # order, as a round's do; otherwise a stable sort restores it.
+    if all((a.depth, a.request) <= (b.depth, b.request) for a, b in zip(built, built[1:])):
+        return PrefixTree(built, readout)
     order = sorted(range(len(built)), key=lambda s: (built[s].depth, built[s].request, s))
     new_index = {old: new for new, old in enumerate(order)}
     segments = []

@@ -89,11 +89,12 @@ def plan_cache(cache: StateCache, groups) -> CacheRound:
 
     Args:
         cache: the state cache.
-        groups: per request ``(prompts, labels)``.
+        groups: per request ``(prompts, labels)``, or ``(prompts, labels, state)``
+            when the caller knows its :func:`state_of` (not computed again).
     """
     out, offset, parts = CacheRound(), 0, []
-    for r, (prompts, _) in enumerate(groups):
-        state = state_of(prompts)
+    for r, group in enumerate(groups):
+        state = group[2] if len(group) > 2 else state_of(group[0])
         out.states[r] = state
         match: Match = cache.match(state, len(state))
         base = match.length
@@ -120,8 +121,8 @@ def cut_prompts(cached: CacheRound, groups) -> tuple[list, list, list]:
         nobody).
     """
     requests, prompts, own = [], [], []
-    for r, (group_prompts, _) in enumerate(groups):
-        for p in group_prompts:  # lists or int64 arrays, not copied
+    for r, group in enumerate(groups):
+        for p in group[0]:  # lists or int64 arrays, not copied
             requests.append(r)
             prompts.append(p)
             own.append(True)
@@ -212,31 +213,34 @@ def keep_checkpoints(cache: StateCache, plan, cached: CacheRound, stream_rows: n
         slots: per real segment its GDN slot (empty without GDN layers).
 
     Returns:
-        ``(kept_rows, kept_segments, kept_tokens)``: the stream rows the cache
-        now owns, the segments whose slots it took, and request index -> tokens
-        of the longest checkpoint it left.
+        ``(kept, kept_segments, kept_tokens)``: ``[T]`` bool, true at the stream
+        rows the cache now owns (the caller frees ``stream_rows[~kept]``), the
+        segments whose slots it took, and request index -> tokens of the
+        longest checkpoint it left.
     """
-    kept, kept_segments, kept_tokens = [], set(), {}
+    # A mask over the stream, set where the cache takes rows: freeing the rest
+    # needs no set lookup (np.isin) of every stream row among the kept ones.
+    kept, kept_segments, kept_tokens = np.zeros(len(stream_rows), dtype=bool), set(), {}
     chains = _chains(plan, cached.cuts)
     for r, cuts in cached.cuts.items():
         chain = chains[r]
         state = cached.states[r]
 
         def rows_of(a: int, b: int, chain=chain) -> np.ndarray:
+            # The cache keeps every row it asks for (StateCache.insert).
             parts = []
             for start, row, n, _ in chain:
                 lo, hi = max(a, start), min(b, start + n)
                 if lo < hi:
                     parts.append(stream_rows[row + lo - start: row + hi - start])
+                    kept[row + lo - start: row + hi - start] = True
             return np.concatenate(parts)
 
         for c in cuts:
             ends = [s for start, _, n, s in chain if start + n == c and start < c]
             slot = slots[ends[0]] if slots and ends else -1
-            rows, taken = cache.insert(state[:c], rows_of, slot)
-            kept += rows
+            _, taken = cache.insert(state[:c], rows_of, slot)
             if taken:
                 kept_segments.add(ends[0])
             kept_tokens[r] = c
-    rows = np.concatenate(kept) if kept else np.zeros(0, np.int64)
-    return rows, kept_segments, kept_tokens
+    return kept, kept_segments, kept_tokens

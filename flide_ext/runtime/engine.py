@@ -163,10 +163,12 @@ class Engine:
     @torch.inference_mode()
     def run_round(
         self,
-        groups: Sequence[tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]]],
+        groups: Sequence[tuple],
         cancelled: Optional[Callable[[], bool]] = None,
     ) -> RoundResult:
-        """Run one round: each group is one request's ``(prompts, label ids per prompt)``.
+        """Run one round: each group is one request's ``(prompts, label ids per prompt)``,
+        or ``(prompts, labels, state)`` from a caller that has the request's state
+        (:func:`~.checkpoints.state_of` of its prompts: the scheduler's ScoreWork).
 
         With the state cache on, each request resumes from the longest cached
         checkpoint of its state and leaves its own state behind
@@ -194,7 +196,7 @@ class Engine:
         """
         started = time.perf_counter()
         requests, prompts, labels = [], [], []
-        for r, (group_prompts, group_labels) in enumerate(groups):
+        for r, (group_prompts, group_labels, *_) in enumerate(groups):
             requests += [r] * len(group_prompts)
             prompts += list(group_prompts)
             labels += [list(l) for l in group_labels]
@@ -204,7 +206,7 @@ class Engine:
 
         cache, cached, plan, own = plan_cached_round(self.cache, groups, self.runner.kv_pool, self.runner.plan_device)
         readout = [row for row, mine in zip(plan.prompt_readout.tolist(), own) if mine]
-        slots, stream_rows, kept_rows, kept_segments, kept_tokens = [], None, np.zeros(0, np.int64), set(), {}
+        slots, stream_rows, kept, kept_segments, kept_tokens = [], None, None, set(), {}
         try:
             if cache is not None:
                 stream_rows = self.runner.kv_pool.allocate(plan.num_tokens)
@@ -223,13 +225,13 @@ class Engine:
             if cache is not None:  # while the GPU computes them (a failed readout leaves them: they are computed)
                 cache.hits += len(cached.matches)  # here, not before: a cut round is no hit
                 cache.cached_tokens_total += int(cached.prefix_rows.size)
-                kept_rows, kept_segments, kept_tokens = keep_checkpoints(cache, plan, cached, stream_rows, slots)
+                kept, kept_segments, kept_tokens = keep_checkpoints(cache, plan, cached, stream_rows, slots)
             keeping = time.perf_counter() - launched
             label_logprobs = self.runner.gather_labels(logprobs, readout, labels)
             forwarded = time.perf_counter()
         finally:
             if stream_rows is not None:
-                self.runner.kv_pool.release(stream_rows[~np.isin(stream_rows, kept_rows)])
+                self.runner.kv_pool.release(stream_rows if kept is None else stream_rows[~kept])
             self.runner.release_slot([slot for s, slot in enumerate(slots) if slot >= 0 and s not in kept_segments])
             if cache is not None:
                 cache.unlock(cached.nodes)

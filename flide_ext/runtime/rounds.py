@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Generic, Optional, Sequence, TypeVar
 
-from ..plan.tree import MAX_TREE_DEPTH, build_prefix_tree
+from ..plan.tree import MAX_TREE_DEPTH, PrefixTree, build_prefix_tree
 from ..protocol.errors import RequestError
 from .capacity import RequestSize, RoundCapacity
 
@@ -36,7 +36,12 @@ def request_size(prompts: Sequence[Sequence[int]], field: str = "prompts") -> Re
         RequestError: on ``field``, when the prompts nest deeper than
             :data:`~flide_ext.plan.tree.MAX_TREE_DEPTH` levels.
     """
-    tree = build_prefix_tree([0] * len(prompts), prompts)
+    return tree_size(build_prefix_tree([0] * len(prompts), prompts), field)
+
+
+def tree_size(tree: PrefixTree, field: str = "prompts") -> RequestSize:
+    """:func:`request_size` of a request's prefix tree already built (the
+    tokenizer manager's, whose root also gives the prompts' shared prefix)."""
     if tree.num_levels > MAX_TREE_DEPTH:
         raise RequestError(field, f"nest {tree.num_levels} levels deep (each extending a fork of another); "
                                   f"at most {MAX_TREE_DEPTH} are served")

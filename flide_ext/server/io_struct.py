@@ -43,9 +43,12 @@ class ScoreWork:
 
     @classmethod
     def pack(cls, rid: int, prompts: List[np.ndarray], labels: List[List[int]],
-             size: Optional[RequestSize] = None, field: str = "prompts") -> "ScoreWork":
-        """A ScoreWork of ``prompts`` (non-empty ``[n]`` int64 arrays), split at their common prefix."""
-        n = common_prefix(prompts)
+             size: Optional[RequestSize] = None, field: str = "prompts",
+             shared: Optional[int] = None) -> "ScoreWork":
+        """A ScoreWork of ``prompts`` (non-empty ``[n]`` int64 arrays), split at
+        their common prefix (``shared`` tokens when the caller knows it already:
+        :attr:`~flide_ext.plan.tree.PrefixTree.shared_tokens`)."""
+        n = common_prefix(prompts) if shared is None else shared
         return cls(rid, prompts[0][:n], [p[n:] for p in prompts], labels, size, time.time(), field)
 
     @property

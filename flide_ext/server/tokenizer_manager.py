@@ -26,7 +26,8 @@ from ..protocol.errors import RequestError
 from ..protocol.token_bound import TokenBound
 from ..protocol.token_requests import check_labels, check_prompts
 from ..runtime.capacity import RoundCapacity
-from ..runtime.rounds import request_size
+from ..plan.tree import build_prefix_tree
+from ..runtime.rounds import tree_size
 from .io_struct import Abort, FlushCache, FlushCacheDone, RoundCut, ScoreDone, ScoreWork
 from .metrics import Metrics, RequestClock
 
@@ -188,13 +189,15 @@ class TokenizerManager:
                 stopping (now or while the request waited), or the queue is full.
         """
         prompts = [np.asarray(p, dtype=np.int64) for p in prompts]
-        size = request_size(prompts, field)  # the one prefix tree the HTTP process builds
+        tree = build_prefix_tree([0] * len(prompts), prompts)  # the one the HTTP process builds
+        size = tree_size(tree, field)
         if not self.resumes:
             self.capacity.check(size, field)
         clock = CLOCK.get()
         if clock is not None:
             clock.lap("tokenize")
-        done: ScoreDone = await self._ask(lambda rid: ScoreWork.pack(rid, prompts, labels, size, field), queued=True)
+        done: ScoreDone = await self._ask(lambda rid: ScoreWork.pack(rid, prompts, labels, size, field,
+                                                                     tree.shared_tokens), queued=True)
         if clock is not None:
             clock.stages.update(done.stages)
             clock.lap("transport")  # the whole round trip, less the scheduler's stages

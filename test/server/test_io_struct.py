@@ -7,6 +7,8 @@ import pickle
 
 import numpy as np
 
+from flide_ext.plan.tree import build_prefix_tree
+from flide_ext.runtime.checkpoints import state_of
 from flide_ext.server.io_struct import ScoreWork
 
 
@@ -25,6 +27,14 @@ def test_pack_splits_at_the_common_prefix_and_restores_the_prompts():
         assert work.rid == 7 and work.labels == [[1, 2]] * len(prompts) and work.sent > 0, name
         assert all(np.array_equal(a, b) and a.dtype == np.int64 for a, b in zip(work.prompts, prompts)), name
         assert len(work.prompts) == len(prompts), name
+        # The state the scheduler hands the engine with the prompts is the one
+        # the engine would compute from them.
+        assert np.array_equal(work.state, state_of(prompts)) and work.state.dtype == np.int64, name
+        # The manager splits them where its prefix tree's root ends: the same place.
+        tree = build_prefix_tree([0] * len(prompts), prompts)
+        assert tree.shared_tokens == len(work.shared), name
+        assert np.array_equal(ScoreWork.pack(7, prompts, [[1]] * len(prompts), shared=tree.shared_tokens).shared,
+                              work.shared), name
         # The prefix is the longest every prompt shares.
         n = len(work.shared)
         assert all(np.array_equal(p[:n], work.shared) for p in prompts), name
