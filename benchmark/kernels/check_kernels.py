@@ -6,8 +6,6 @@ Each check prints one line and lands in a JSON file:
   reference run on float32 inputs (the references accumulate in float64), as
   ``|out - ref| / |ref|`` over the whole output;
 * ForkAttention alone == forked, bitwise, in bf16 (and resumed == cold);
-* ForkAttention's key groups on an agent step (8,400-token state): the split
-  grid == one program per block == the cold round == alone, bitwise;
 * ForkAttention reading K/V in place from shuffled, NaN-padded pools through
   ``kv_index`` == the contiguous key array, bitwise (bf16 and float32);
 * a stream of more than 2048 segments with 32 value heads;
@@ -139,64 +137,6 @@ def check_alone_equals_forked(gen):
     out_warm = fork_attention_triton(qw, torch.cat([kp, kw]), torch.cat([vp, vw]), *plan_args(warm), 256**-0.5)
     same = torch.equal(out_warm, out_cold[L:])
     record("resumed (checkpoint 200 tokens) == cold bitwise, bf16 race D=256", same, True, same)
-
-
-def check_key_groups(gen, state_tokens=8400, criteria=10, criteria_tokens=30, checkpoint=8384):
-    """An agent step's shape: a long state and its criteria, in bf16 at the
-    Qwen3.5-4B attention shape. The step resumed from a checkpoint (few rows:
-    the split grid) == the same rows walked by one program per block, == the
-    cold round (many rows: one program per block), == each question alone."""
-    import flide_ext.kernels.fork_attention.kernel as fat
-
-    Hq, Hkv, D = 16, 4, 256
-    rows = id_tables(Hq, Hkv, D, gen, vocab=4096, max_pos=state_tokens + criteria_tokens + 1)
-    g = torch.Generator().manual_seed(23)
-    state = torch.randint(0, 4096, (state_tokens,), generator=g).tolist()
-    prompts = [state + torch.randint(0, 4096, (criteria_tokens,), generator=g).tolist() for _ in range(criteria)]
-    owners = [0] * criteria
-
-    def run(plan, prefix_ids=None):
-        q, k, v = rows(plan.token_ids, plan.positions)
-        if plan.num_prefix_rows:
-            L = plan.num_prefix_rows
-            _, kp, vp = rows(torch.tensor(prefix_ids[:L], device=DEV), torch.arange(L, device=DEV))
-            k, v = torch.cat([kp, k]), torch.cat([vp, v])
-        return fork_attention_triton(q, k, v, *plan_args(plan), D**-0.5)
-
-    def question_rows(plan, out, i):
-        end = int(plan.readout_rows[plan.prompt_readout[i]]) + 1
-        return out[end - criteria_tokens: end]
-
-    cold = plan_round(owners, prompts, DEV)
-    warm = plan_round(owners, prompts, DEV, resume={0: Resume(length=checkpoint, slot=-1, kv_start=0)})
-    assert cold.num_tokens > fat.SPLIT_ROWS >= warm.num_tokens, (cold.num_tokens, warm.num_tokens)
-    out_cold, out_split = run(cold), run(warm, state)
-    saved = fat.SPLIT_ROWS
-    fat.SPLIT_ROWS = 0
-    try:
-        out_walked = run(warm, state)
-    finally:
-        fat.SPLIT_ROWS = saved
-    same_walk = torch.equal(out_split, out_walked)
-    record(f"key groups: split grid == one program per block bitwise, bf16 {warm.num_tokens} rows over "
-           f"{state_tokens + criteria_tokens} keys", same_walk, True, same_walk)
-    equal_cold = sum(torch.equal(question_rows(warm, out_split, i), question_rows(cold, out_cold, i))
-                     for i in range(criteria))
-    record(f"key groups: resumed (checkpoint {checkpoint}, split) == cold round bitwise, bf16",
-           f"{equal_cold}/{criteria} equal", "all", equal_cold == criteria)
-    equal_alone = 0
-    for i in range(3):
-        alone = run(plan_round([0], [prompts[i]], DEV))[-criteria_tokens:]
-        equal_alone += int(torch.equal(alone, question_rows(warm, out_split, i)))
-    record("key groups: resumed (split) == alone bitwise, bf16", f"{equal_alone}/3 equal", "all", equal_alone == 3)
-    want = fork_attention_ref(*[x.float() for x in rows(warm.token_ids, warm.positions)[:1]],
-                              *[torch.cat([a, b]).float() for a, b in zip(
-                                  rows(torch.tensor(state[:checkpoint], device=DEV),
-                                       torch.arange(checkpoint, device=DEV))[1:],
-                                  rows(warm.token_ids, warm.positions)[1:])],
-                              *plan_args(warm), D**-0.5)
-    err = rel_err(out_split, want)
-    record("key groups: resumed (split) vs float32 reference, bf16", err, BF16_TOL, err <= BF16_TOL)
 
 
 def check_kv_index():
@@ -525,7 +465,6 @@ def main() -> int:
         ("attention vs reference", lambda: check_attention_vs_reference(gen)),
         ("alone == forked", lambda: check_alone_equals_forked(gen)),
         ("kv index", check_kv_index),
-        ("key groups", lambda: check_key_groups(gen)),
         ("gdn race", lambda: check_gdn(gen, "race", 2, "race-shaped, Qwen3.5-4B GDN heads")),
         ("gdn multirc", lambda: check_gdn(gen, "multirc", 2, "multirc-shaped, Qwen3.5-4B GDN heads")),
         ("many segments", lambda: check_many_segments(gen)),

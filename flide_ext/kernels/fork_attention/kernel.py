@@ -21,18 +21,6 @@ of the K/V pools, in place, while ``kv_positions`` stays indexed by key-array
 position; tiles and their order do not change, so an index over a pool gives the
 bits of the equivalent contiguous key array.
 
-Keys are reduced in *chunks* of ``CHUNK`` path offsets (also aligned to the
-path's start) and the chunks in *groups* (the first ``GROUPS - 1`` chunks one
-group each, the rest one last group): each chunk is an online softmax from
-nothing, chunks fold into their group and groups into the row's result in
-order. A round of few rows (at most ``SPLIT_ROWS``) on long paths runs one
-program per (block, group) and a second launch that folds the groups, the
-split-KV scheme of Flash-Decoding (Dao et al., 2023); others run one program
-per block that walks the groups itself. The operations and their order are
-the same, so a row's bits do not depend on which launch computed it: a step
-resumed from a checkpoint (a few hundred rows, split) gets the bits of the cold
-round that left the checkpoint (thousands of rows, walked).
-
 Online softmax as in FlashAttention (Dao et al., 2022, arXiv:2205.14135), with
 float32 statistics and accumulator.
 """
@@ -46,12 +34,11 @@ import triton
 import triton.language as tl
 
 from ..round_cache import round_cache
-from .key_groups import _combine_kernel, _fold, _group
 from .paths import block_arrays, host_array, path_tables
 
 @triton.jit
 def _fork_attention_kernel(
-    Q, K, V, O, POS, KV_POS, KV_INDEX, PART_ML, PART_ACC,
+    Q, K, V, O, POS, KV_POS, KV_INDEX,
     BLOCK_SEG, BLOCK_ROW,
     SEG_START, SEG_LEN, SEG_OFFSET,
     PATH_KV, PATH_OFFSET, PATH_LEN,
@@ -60,7 +47,6 @@ def _fork_attention_kernel(
     GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DEPTH: tl.constexpr,
-    CHUNK: tl.constexpr, GROUPS: tl.constexpr, SPLIT: tl.constexpr,
     HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, PACK_GQA: tl.constexpr, HAS_INDEX: tl.constexpr,
 ):
     block = tl.program_id(0)
@@ -86,6 +72,8 @@ def _fork_attention_kernel(
     t = (start + rows).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
+    q = tl.load(Q + t[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None] & (d[None, :] < D), other=0.0)
     q_offset = own + rows
 
     level = tl.arange(0, DEPTH)
@@ -99,49 +87,51 @@ def _fork_attention_kernel(
         # are outside every row's window; skipped tiles would be no-ops anyway.
         lo = tl.maximum(own + row0 - window + 1, 0) // BLOCK_N * BLOCK_N
     else:
-        q_pos = rows
         lo = 0
     if PACK_GQA:
         hi = own + tl.minimum(row0 + BLOCK_M // GROUP, n)
     else:
         hi = own + tl.minimum(row0 + BLOCK_M, n)
-    # The key groups holding any of this block's tiles.
-    g_lo = tl.minimum(lo // CHUNK, GROUPS - 1)
-    g_hi = tl.minimum(tl.cdiv(hi, CHUNK), GROUPS)
-    out_mask = row_ok[:, None] & (dv[None, :] < DV)
-    out_ptr = O + t[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :]
-    if SPLIT:
-        g = tl.program_id(2)
-        if (g >= g_lo) & (g < g_hi) & (hi > lo):
-            q = tl.load(Q + t[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-                        mask=row_ok[:, None] & (d[None, :] < D), other=0.0)
-            m, l, acc = _group(q, K, V, KV_POS, KV_INDEX, kv_head, q_offset, q_pos, path_kv, path_lo, path_hi,
-                               stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, window, g, lo, hi,
-                               D, DV, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CHUNK, GROUPS,
-                               HAS_WINDOW, IEEE, HAS_INDEX)
-            if g_hi - g_lo == 1:
-                out = acc / tl.where(l > 0, l, 1.0)[:, None]
-                tl.store(out_ptr, out.to(O.dtype.element_ty), mask=out_mask)
-            else:
-                # Partial of (block, head slot, group), folded by _combine_kernel.
-                part = (block * tl.num_programs(1) + tl.program_id(1)) * GROUPS + g
-                tl.store(PART_ML + (part * 2) * BLOCK_M + r, m)
-                tl.store(PART_ML + (part * 2 + 1) * BLOCK_M + r, l)
-                tl.store(PART_ACC + part * BLOCK_M * BLOCK_DV + r[:, None] * BLOCK_DV + dv[None, :], acc)
-    else:
-        q = tl.load(Q + t[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-                    mask=row_ok[:, None] & (d[None, :] < D), other=0.0)
-        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-        for g in range(g_lo, g_hi):
-            m2, l2, acc2 = _group(q, K, V, KV_POS, KV_INDEX, kv_head, q_offset, q_pos, path_kv, path_lo, path_hi,
-                                  stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, window, g, lo, hi,
-                                  D, DV, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CHUNK, GROUPS,
-                                  HAS_WINDOW, IEEE, HAS_INDEX)
-            m, l, acc = _fold(m, l, acc, m2, l2, acc2)
-        out = acc / tl.where(l > 0, l, 1.0)[:, None]
-        tl.store(out_ptr, out.to(O.dtype.element_ty), mask=out_mask)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    for j in range(lo, hi, BLOCK_N):
+        p = j + tl.arange(0, BLOCK_N)
+        inside = (p[:, None] >= path_lo[None, :]) & (p[:, None] < path_hi[None, :])
+        key_row = tl.sum(tl.where(inside, path_kv[None, :] + p[:, None] - path_lo[None, :], 0), axis=1).to(tl.int64)
+        key_ok = tl.sum(inside.to(tl.int32), axis=1) > 0
+        if HAS_INDEX:
+            # key_row is the key-array position; K and V live at its pool row.
+            kv_row = tl.load(KV_INDEX + key_row, mask=key_ok, other=0).to(tl.int64)
+        else:
+            kv_row = key_row
+        k = tl.load(K + kv_row[:, None] * stride_kt + kv_head * stride_kh + d[None, :],
+                    mask=key_ok[:, None] & (d[None, :] < D), other=0.0)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        visible = key_ok[None, :] & (p[None, :] <= q_offset[:, None])
+        if HAS_WINDOW:
+            k_pos = tl.load(KV_POS + key_row, mask=key_ok, other=0)
+            visible = visible & (q_pos[:, None] - k_pos[None, :] < window)
+        s = tl.where(visible, s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        prob = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(prob, axis=1)
+        v = tl.load(V + kv_row[:, None] * stride_vt + kv_head * stride_vh + dv[None, :],
+                    mask=key_ok[:, None] & (dv[None, :] < DV), other=0.0)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v)
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(O + t[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :], out.to(O.dtype.element_ty),
+             mask=row_ok[:, None] & (dv[None, :] < DV))
 
 
 # Tile shapes, fixed per (head size, dtype, GQA group) and never per round, so
@@ -166,26 +156,6 @@ def _tile_config(D: int, dtype: torch.dtype, group: int) -> tuple[int, int, int,
     if D <= 128:
         return 64, 64, 4, 2, True
     return 128, 64, 8, 2, True
-
-
-# Key groups: a row's keys are reduced chunk by chunk, ``CHUNK`` path offsets
-# each from the path's start, the first ``GROUPS - 1`` chunks one group each
-# and the rest one last group; chunks fold into their group and groups into the
-# row's result in order (_fold). Like the tiles, fixed per (head size, dtype,
-# GQA group), so a row's reduction depends on its own path alone. How the
-# groups are run is free: one program walks them all, or (rounds of at most
-# SPLIT_ROWS stream rows: few query blocks on a long path leave SMs idle) one
-# program per group writes partials that a second launch folds, the same
-# operations in the same order, so both give the same bits.
-# (CHUNK path offsets, a multiple of every BLOCK_N; GROUPS)
-SPLIT_OVERRIDE = None
-SPLIT_ROWS = 1024
-
-
-def _split_config(D: int, dtype: torch.dtype, group: int) -> tuple[int, int]:
-    if SPLIT_OVERRIDE is not None:
-        return SPLIT_OVERRIDE
-    return 512, 16
 
 
 def _build_metadata(seg_parent, seg_start, seg_len, seg_kv_start, seg_kv_len, block_m):
@@ -258,31 +228,18 @@ def fork_attention_triton(
     positions = positions.contiguous()
     # Without an index the kernel never reads KV_INDEX: any pointer will do.
     index = kv_index.contiguous() if kv_index is not None else positions
-    chunk, groups = _split_config(D, q.dtype, group)
-    heads = Hkv if pack else Hq
-    BLOCK_DV = triton.next_power_of_2(max(DV, 16))
-    split = T <= SPLIT_ROWS
-    if split:
-        part_ml = torch.empty(total * heads * groups * 2 * BLOCK_M, dtype=torch.float32, device=q.device)
-        part_acc = torch.empty(total * heads * groups * BLOCK_M * BLOCK_DV, dtype=torch.float32, device=q.device)
-    else:  # never read: any pointer will do
-        part_ml = part_acc = out
-    common = dict(GROUP=group, DV=DV, BLOCK_DV=BLOCK_DV, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CHUNK=chunk,
-                  GROUPS=groups, HAS_WINDOW=sliding_window is not None, PACK_GQA=pack)
-    _fork_attention_kernel[(total, heads, groups if split else 1)](
-        q, k, v, out, positions, kv_positions.contiguous(), index, part_ml, part_acc,
+    _fork_attention_kernel[(total, Hkv if pack else Hq)](
+        q, k, v, out, positions, kv_positions.contiguous(), index,
         block_seg, block_row,
         starts, lens, own,
         path_kv, path_offset, path_len,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         scale * 1.4426950408889634, window,
-        D=D, BLOCK_D=triton.next_power_of_2(max(D, 16)), DEPTH=path_kv.shape[1], SPLIT=split,
-        IEEE=q.dtype == torch.float32, HAS_INDEX=kv_index is not None, **common,
+        GROUP=group, D=D, DV=DV,
+        BLOCK_D=triton.next_power_of_2(max(D, 16)), BLOCK_DV=triton.next_power_of_2(max(DV, 16)),
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DEPTH=path_kv.shape[1],
+        HAS_WINDOW=sliding_window is not None, IEEE=q.dtype == torch.float32, PACK_GQA=pack,
+        HAS_INDEX=kv_index is not None,
         num_warps=warps, num_stages=stages,
     )
-    if split:
-        _combine_kernel[(total, heads)](
-            out, part_ml, part_acc, positions, block_seg, block_row, starts, lens, own,
-            out.stride(0), out.stride(1), window, **common, num_warps=warps,
-        )
     return out
