@@ -6,8 +6,7 @@ the data behind ``fork_attention_triton.TILE_OVERRIDE``'s defaults and
   (16/4 heads, 256) and 8/2 heads of 128, on the RACE, MultiRC and QuALITY
   streams; each setting's output is compared with the default setting's.
 * ForkAttention on agent steps resumed from the state cache (few rows over a
-  long key prefix), by tile setting and key-group launch (split grid or one
-  program per block walking the groups).
+  long key prefix), by tile setting.
 * The recurrent GDN kernel's (BLOCK_V, warps) on a level of 32 questions x 90.
 * A profile of the gather + fla chunk path on a level of 32 questions x 25.
 * The own inter-chunk kernel against fla's on the same WY factors.
@@ -93,23 +92,21 @@ def sweep_attention(rows):
             fat.TILE_OVERRIDE = None
 
 
-AGENT_TILES = [(128, 64, 8, 2, True), (128, 64, 8, 3, True), (128, 32, 8, 3, True), (128, 128, 8, 2, True),
-               (64, 64, 4, 2, True), (64, 64, 8, 3, True), (128, 64, 4, 2, True), (64, 128, 4, 2, True)]
-AGENT_GROUPS = [None, (1024, 8)]  # None: one program per block walks the groups (at the default groups)
-AGENT_EXTRA_GROUPS = [(512, 16), (2048, 4)]  # with the default tiles only
+AGENT_TILES = [(128, 64, 8, 2, True), (128, 32, 8, 3, True), (64, 64, 4, 2, True), (64, 64, 8, 3, True),
+               (128, 64, 4, 2, True), (64, 32, 4, 2, True)]
 
 
 def sweep_agent_attention(rows):
     """ForkAttention on agent steps resumed from the state cache (few rows over a
-    long key prefix), a cold-step-sized round and a RACE question, Qwen3.5-4B's
-    attention shape, by tile setting and key-group launch."""
+    long key prefix), a four-agent round and a RACE question, Qwen3.5-4B's
+    attention shape, by tile setting."""
     from flide_ext.plan.flat import Resume
 
     Hq, Hkv, D = 16, 4, 256
     g = torch.Generator().manual_seed(9)
     shapes = []
-    for name, state, new, agents in [("agent8000 warm", 8400, 16, 1), ("agent1500 warm", 1700, 36, 1),
-                                     ("agent8000 x4 warm", 8400, 16, 4)]:
+    for name, state, new, agents in [("agent8000 warm", 8384, 416, 1), ("agent1500 warm", 1664, 236, 1),
+                                     ("agent8000 x4 warm", 8384, 416, 4)]:
         owners, prompts, resume = [], [], {}
         for a in range(agents):
             hist = torch.randint(0, 32000, (state + new,), generator=g).tolist()
@@ -120,22 +117,16 @@ def sweep_agent_attention(rows):
         shapes.append((name, owners, prompts, resume, agents * state))
     owners, prompts = workload_prompts("race_single", requests=1)
     shapes.append(("race_single", owners, prompts, {}, 0))
-    saved_rows = fat.SPLIT_ROWS
     for name, owners, prompts, resume, prefix in shapes:
         plan = plan_round(owners, prompts, "cuda", resume=resume)
         q, k, v = attention_inputs(plan.num_tokens, Hq, Hkv, D, torch.Generator(device="cuda").manual_seed(0),
                                    prefix=prefix)
         args = (q, k, v, plan.seg_parent, plan.seg_start, plan.seg_len, plan.seg_kv_start, plan.seg_kv_len,
                 plan.positions, plan.kv_positions, D**-0.5)
-        fat.TILE_OVERRIDE = fat.SPLIT_OVERRIDE = None
-        fat.SPLIT_ROWS = 0
+        fat.TILE_OVERRIDE = None
         base = fat.fork_attention_triton(*args).float()
-        settings = [(t, grp) for t in AGENT_TILES for grp in AGENT_GROUPS]
-        settings += [(AGENT_TILES[0], grp) for grp in AGENT_EXTRA_GROUPS]
-        for tiles, groups in settings:
+        for tiles in AGENT_TILES:
             fat.TILE_OVERRIDE = tiles
-            fat.SPLIT_OVERRIDE = groups
-            fat.SPLIT_ROWS = 0 if groups is None else 10**9
             try:
                 out = fat.fork_attention_triton(*args).float()
                 err = float((out - base).norm() / base.norm())
@@ -143,12 +134,10 @@ def sweep_agent_attention(rows):
             except Exception as e:
                 err, ms = repr(e)[:200], None
             rows.append({"kernel": "fork_attention_agent", "workload": name, "rows": plan.num_tokens,
-                         "keys": prefix + plan.num_tokens, "tiles": tiles, "groups": groups or "walk", "ms": ms,
-                         "rel_diff_vs_default": err})
-            print(f"agent attn {name:18s} {plan.num_tokens:5d} rows {str(tiles):24s} {str(groups or 'walk'):11s} "
+                         "keys": prefix + plan.num_tokens, "tiles": tiles, "ms": ms, "rel_diff_vs_default": err})
+            print(f"agent attn {name:18s} {plan.num_tokens:5d} rows {str(tiles):24s} "
                   f"{ms if ms else float('nan'):8.3f} ms  diff {err}", flush=True)
-    fat.TILE_OVERRIDE = fat.SPLIT_OVERRIDE = None
-    fat.SPLIT_ROWS = saved_rows
+    fat.TILE_OVERRIDE = None
 
 
 def sweep_recurrent(rows, questions=32, n=90):
