@@ -58,10 +58,12 @@ def parse_capacities(text: str, levels: int = 4) -> list[GraphCapacity]:
 
 def default_capacities(tokens: int, segments: int, levels: int = 4, smallest: int = 256,
                        step: float = 2 ** 0.25, lean_tokens: int = 2048, lean_levels: int = 2,
-                       fine_step: float = 2 ** 0.125, fine_tokens: int = 2048) -> list[GraphCapacity]:
-    """Token capacities from ``smallest`` to ``tokens``, each ``fine_step`` times
-    the last up to ``fine_tokens`` and ``step`` times beyond (rounded up to 64
-    rows), each with a segment capacity of one per 32
+                       fine_step: float = 2 ** 0.125, fine_tokens: int = 2048,
+                       finest_step: float = 2 ** 0.0625, finest_tokens: int = 1024) -> list[GraphCapacity]:
+    """Token capacities from ``smallest`` to ``tokens``, each ``finest_step`` times
+    the last up to ``finest_tokens`` (rounded up to 32 rows), ``fine_step`` times
+    up to ``fine_tokens`` and ``step`` times beyond (rounded up to 64 rows),
+    each with a segment capacity of one per 32
     tokens (at least 8, at most ``segments``); the largest equals the round
     capacity, so every round that fits a round fits a graph. Up to
     ``lean_tokens``, each token capacity also gets a *lean* graph: one segment
@@ -86,13 +88,18 @@ def default_capacities(tokens: int, segments: int, levels: int = 4, smallest: in
     capacity is at most ``fine_step`` times the one below it up to
     ``fine_tokens`` (9% more by default: a step of an agent resumed from the
     state cache computes a few hundred tokens, and every one of them counts in
-    its latency) and ``step`` times beyond (19%), against 2x for doubling, each
-    plus the rounding up to 64 rows (a 257-token round replays 320)."""
+    its latency), ``step`` times beyond (19%), against 2x for doubling, each
+    plus the rounding (a 257-token round replays 288). Up to ``finest_tokens``
+    the step is ``finest_step`` (4.4%, with 32-row rounding): there a round is a
+    single question or an agent step (a RACE question's 465 tokens replay 480
+    rows, an agent step of 536 replays 544), and each padded row costs about
+    as much as a real one."""
     out, t = [], min(smallest, tokens)
     while t < tokens:
         out.append(GraphCapacity(t, min(segments, max(8, t // 32)), levels))
         if t <= lean_tokens:
             out.append(GraphCapacity(t, min(segments, max(2, t // 128) + lean_levels - 2), min(levels, lean_levels)))
-        t = max(t + 64, -(-int(t * (fine_step if t <= fine_tokens else step)) // 64) * 64)
+        factor, rows = (finest_step, 32) if t < finest_tokens else (fine_step if t <= fine_tokens else step, 64)
+        t = max(t + rows, -(-int(t * factor) // rows) * rows)
     out.append(GraphCapacity(tokens, segments, levels))
     return sorted(set(out), key=lambda c: (c.tokens, c.segments, c.levels))

@@ -248,24 +248,29 @@ def test_capacities():
     # (735 tokens, five segments, two levels); MultiRC (1,050 tokens, 31 segments)
     # and three-level trees take the full graph.
     pick = lambda *size: next(c for c in caps if c.holds(*size))  # noqa: E731
-    assert pick(465, 1, 1, 1) == GraphCapacity(512, 4, 2)
-    assert pick(735, 5, 2, 4) == GraphCapacity(768, 6, 2)
+    assert pick(465, 1, 1, 1) == GraphCapacity(480, 3, 2)
+    assert pick(735, 5, 2, 4) == GraphCapacity(736, 5, 2)
     assert pick(1050, 31, 2, 30) == GraphCapacity(1152, 36)
-    assert pick(465, 3, 3, 2) == GraphCapacity(512, 16)
+    assert pick(465, 3, 3, 2) == GraphCapacity(480, 15)
     assert len(default_capacities(65536, 4096, lean_tokens=0)) == len(full)
     tokens = [c.tokens for c in full]
     # Each at most 2**(1/4) times the last (plus rounding to 64 rows): a round
     # pads at most ~19% of its tokens.
     assert all(b <= a * 2**0.25 + 64 and b > a for a, b in zip(tokens, tokens[1:]))
-    assert all(t % 64 == 0 for t in tokens) and 25 <= len(full) <= 40
-    # Up to 2,048 tokens each at most 2**(1/8) times the last: an agent step
-    # resumed from the state cache (536 tokens in 13 segments, 3 levels, 10
-    # readouts) pads to 576 rows, not 640.
+    assert all(t % 32 == 0 for t in tokens) and all(t % 64 == 0 for t in tokens if t > 1024)
+    assert 40 <= len(full) <= 55
+    # Up to 2,048 tokens each at most 2**(1/8) times the last, up to 1,024 at
+    # most 2**(1/16) times (plus rounding to 32 rows): an agent step resumed
+    # from the state cache (536 tokens in 13 segments, 3 levels, 10 readouts)
+    # pads to 544 rows, not 576 or 640.
     small = [t for t in tokens if t <= 2048]
     assert all(b <= a * 2**0.125 + 64 for a, b in zip(small, small[1:]))
-    assert pick(536, 13, 3, 10) == GraphCapacity(576, 18)
+    finest = [t for t in tokens if t <= 1024]
+    assert all(b <= a * 2**0.0625 + 32 for a, b in zip(finest, finest[1:]))
+    assert pick(536, 13, 3, 10) == GraphCapacity(544, 17)
     assert all(c.segments <= 4096 for c in caps)
-    assert [c.tokens for c in default_capacities(65536, 4096, step=2.0, lean_tokens=0, fine_tokens=0)] == [256 * 2**i for i in range(9)]
+    assert [c.tokens for c in default_capacities(65536, 4096, step=2.0, lean_tokens=0, fine_tokens=0,
+                                                                finest_tokens=0)] == [256 * 2**i for i in range(9)]
     assert default_capacities(100, 5) == [GraphCapacity(100, 5)]
     assert parse_capacities("512:32, 4096:256", levels=3) == [GraphCapacity(512, 32, 3), GraphCapacity(4096, 256, 3)]
     assert parse_capacities("512:32:2,1024:64") == [GraphCapacity(512, 32, 2), GraphCapacity(1024, 64, 4)]
