@@ -166,6 +166,7 @@ def _http_server(args: ServeArgs, path: str, capacity: RoundCapacity, limits: di
     # The tokenizer manager, the app and uvicorn's server over them, once
     # wait_ready() has the scheduler's SchedulerReady (imported before: meanwhile).
     import asyncio
+    import gc
 
     import uvicorn
     import zmq.asyncio
@@ -208,6 +209,8 @@ def _http_server(args: ServeArgs, path: str, capacity: RoundCapacity, limits: di
             await super().startup(sockets)
             manager.start()
             self.monitor.start()
+            gc.collect()  # as the scheduler does once loaded (SGLang freezes its processes after warmup)
+            gc.freeze()
 
         def _scheduler_failed(self, reason: str) -> None:
             manager.fail(f"{reason}; the server is stopping")

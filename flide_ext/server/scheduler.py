@@ -33,6 +33,7 @@ process group): the server stops it.
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import time
@@ -106,6 +107,12 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
     if heartbeat_addr is not None:
         start_heartbeat(context, heartbeat_addr, heartbeat_interval, clock)
     info = {"path": str(engine.path), "cache": engine.cache_stats()}
+    # As SGLang's processes do after warmup (sglang.srt.utils.freeze_gc): the
+    # model's and the graphs' objects leave the collector's generations, so a
+    # full collection, whose pause holds up a round (an eager one's launches
+    # with it), scans only what was made since; the state cache makes that grow.
+    gc.collect()
+    gc.freeze()
     done.send_pyobj(SchedulerReady(engine.vocab_size, engine.context_length, info))
     waiting: RoundQueue[ScoreWork] = RoundQueue(capacity)
     pace = RoundPace(round_seconds) if round_seconds is not None else None

@@ -21,14 +21,14 @@ from flide_ext.server.liveness import SchedulerMonitor
 from test.helpers.processes import running, scheduler_of, start_server
 from test.helpers.score_load import rounds, score_body, send
 
-# A round of HEAVY stream tokens takes seconds on the CPU (the tiny char model);
-# a light one milliseconds.
-HEAVY = dict(prompts=3, tokens=1900)
+# A round of HEAVY stream tokens takes seconds on the CPU (the tiny char model;
+# 3 x 1,900 took under 0.8 s on a fast machine); a light one milliseconds.
+HEAVY = dict(prompts=8, tokens=1900)
 
 
 def _serve(char_model_dir, tmp_path, *flags, **popen):
     command = [sys.executable, "-m", "flide_ext.entrypoints.cli", "serve", "--model-path", str(char_model_dir),
-               "--context-length", "2000", "--round-tokens", "8000", *flags]
+               "--context-length", "2000", "--round-tokens", "16000", *flags]
     return start_server(command, tmp_path, **popen)
 
 
@@ -83,9 +83,9 @@ def test_stopped_scheduler_fails_every_request_then_the_server_exits_1(char_mode
     that timeout is no failure: the heartbeat comes from a thread of its own."""
     # A round of ~15,000 tokens: several seconds even on a fast machine (HEAVY's
     # ~1.5 s left no margin over the timeout).
-    proc, url, log = _serve(char_model_dir, tmp_path, "--heartbeat-timeout", "1.5", "--round-tokens", "16000")
+    proc, url, log = _serve(char_model_dir, tmp_path, "--heartbeat-timeout", "1.5")
     scheduler = scheduler_of(proc.pid)
-    long_round = send(f"{url}/v1/score", score_body(np.random.default_rng(1), prompts=8, tokens=1900)).wait()
+    long_round = send(f"{url}/v1/score", score_body(np.random.default_rng(1), **HEAVY)).wait()
     took = long_round.answered - long_round.sent
     assert long_round.status == 200 and took > 1.5, took
     assert requests.get(f"{url}/health", timeout=5).status_code == 200
