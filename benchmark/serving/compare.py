@@ -41,6 +41,9 @@ def rows_of(a: dict, b: dict) -> list:
                 rows.append((f"{title} {q} ms", x, y, ratio(y, x), "latency"))
         rows.append(("decisions/s", sa["decisions_per_s"], sb["decisions_per_s"],
                      ratio(sa["decisions_per_s"], sb["decisions_per_s"]), "throughput"))
+        x, y = (s.get("decisions_per_s_after_first_steps") for s in (sa, sb))  # absent in older results
+        if x is not None and y is not None:
+            rows.append(("decisions/s after first steps", x, y, ratio(x, y), "throughput"))
         rows.append(("wall s", sa["wall_s"], sb["wall_s"], ratio(sb["wall_s"], sa["wall_s"]), "latency"))
         return rows
     by_c = {r["concurrency"]: r for r in b["summary"]}

@@ -28,9 +28,25 @@ def _tokens(records: list) -> dict:
             "computed_tokens": sum(prompt) - sum(cached) if reported and len(prompt) == len(records) else None}
 
 
+def after_first_steps(records: list) -> Optional[float]:
+    """Criteria answered per second once every agent's first step has been
+    answered, from then to the run's last answer (the state cache's regime: a
+    first step computes its whole history, a later one its new tokens); None
+    when nothing was answered after that. ``records``: answered requests, with
+    ``start_s`` (seconds from the run's start), ``latency_ms``, ``step``, ``items``."""
+    ends = [(r["start_s"] + r["latency_ms"] / 1e3, r) for r in records]
+    firsts = [end for end, r in ends if r["step"] == 0]
+    if not firsts:
+        return None
+    t0, t1 = max(firsts), max(end for end, _ in ends)
+    after = sum(r["items"] for end, r in ends if end > t0)
+    return after / (t1 - t0) if after and t1 > t0 else None
+
+
 def summarize_agent(records: list, wall_s: float) -> dict:
     """First step vs later steps (p50/p90), per-step percentiles, decisions/s
-    (criteria answered per second of the whole run) and token counts."""
+    (criteria answered per second of the whole run, and of the part after the
+    first steps: :func:`after_first_steps`) and token counts."""
     ok = [r for r in records if r["status"] == 200]
     first = [r["latency_ms"] for r in ok if r["step"] == 0]
     later = [r["latency_ms"] for r in ok if r["step"] > 0]
@@ -40,6 +56,7 @@ def summarize_agent(records: list, wall_s: float) -> dict:
     decisions = sum(r["items"] for r in ok)
     return {"requests": len(records), "failed": len(records) - len(ok), "decisions": decisions,
             "wall_s": wall_s, "decisions_per_s": decisions / wall_s if wall_s > 0 else None,
+            "decisions_per_s_after_first_steps": after_first_steps(ok),
             "first_step": latency_stats(first, (50, 90)), "later_steps": latency_stats(later, (50, 90)),
             "all_steps": latency_stats([r["latency_ms"] for r in ok]), "per_step": per_step, **_tokens(ok)}
 
@@ -109,11 +126,13 @@ def markdown(result: dict) -> str:
         lines += [f"{s['distinct_agents']} agents ({s['agents']} concurrent), {s['steps']} steps, history "
                   f"{s['start']} + {s['growth']} tokens a step, {s['criteria']} criteria x {s['criteria_tokens']} tokens, "
                   f"{s['labels']} labels", "",
-                  "| first step p50 / p90 ms | later steps p50 / p90 ms | decisions/s | wall s | requests (failed) "
-                  "| prompt / cached / uncached tokens (usage) |", "|---|---|---|---|---|---|",
+                  "| first step p50 / p90 ms | later steps p50 / p90 ms | decisions/s | after first steps "
+                  "| wall s | requests (failed) | prompt / cached / uncached tokens (usage) |",
+                  "|---|---|---|---|---|---|---|",
                   f"| {_ms(a['first_step']['p50_ms'])} / {_ms(a['first_step']['p90_ms'])} "
                   f"| {_ms(a['later_steps']['p50_ms'])} / {_ms(a['later_steps']['p90_ms'])} "
-                  f"| {_num(a['decisions_per_s'])} | {a['wall_s']:.2f} | {a['requests']} ({a['failed']}) "
+                  f"| {_num(a['decisions_per_s'])} | {_num(a.get('decisions_per_s_after_first_steps'))} "
+                  f"| {a['wall_s']:.2f} | {a['requests']} ({a['failed']}) "
                   f"| {_num(a['prompt_tokens'], 0)} / {_num(a['cached_tokens'], 0)} / {_num(a['computed_tokens'], 0)} |"]
     else:
         lines += [f"{s['requests']} fresh-state requests per concurrency (scale {s['scale']}, vary {s['vary']})", "",

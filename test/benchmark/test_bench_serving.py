@@ -71,6 +71,10 @@ def test_agent_workload(server, bench_serving, tmp_path, capsys):
     summary = result["summary"]
     assert summary["first_step"]["n"] == 2 and summary["later_steps"]["n"] == 4 and summary["failed"] == 0
     assert summary["decisions"] == 18 and summary["decisions_per_s"] > 0 and summary["wall_s"] > 0
+    ends = sorted(r["start_s"] + r["latency_ms"] / 1e3 for r in records)
+    first_done = max(r["start_s"] + r["latency_ms"] / 1e3 for r in records if r["step"] == 0)
+    after = [e for e in ends if e > first_done]
+    assert summary["decisions_per_s_after_first_steps"] == pytest.approx(3 * len(after) / (ends[-1] - first_done))
     assert [s["step"] for s in summary["per_step"]] == [0, 1, 2]
     assert [s["history_tokens"] for s in summary["per_step"]] == [20, 25, 30]
     assert result["label"] == "flide" and result["settings"]["agents"] == 2 and result["settings"]["vocab"] == 100
@@ -129,3 +133,13 @@ def test_no_server_is_one_line():
     assert run.returncode == 2
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "no server at" in lines[0], run.stderr
+
+
+def test_decisions_after_first_steps_counts_the_phase_once_every_first_step_ended(bench_serving):
+    # Two agents: first steps end at 1.0 and 3.0 s; later answers at 2.0 (before
+    # the phase: not counted), 4.0 and 5.0 s: 2 x 10 criteria over 2 s.
+    r = lambda step, start, ms: {"step": step, "start_s": start, "latency_ms": ms, "items": 10}  # noqa: E731
+    records = [r(0, 0.0, 1000), r(0, 0.0, 3000), r(1, 1.0, 1000), r(1, 3.0, 1000), r(2, 4.0, 1000)]
+    assert bench_serving.report.after_first_steps(records) == pytest.approx(10.0)
+    assert bench_serving.report.after_first_steps(records[:2]) is None  # nothing after the first steps
+    assert bench_serving.report.after_first_steps([]) is None
