@@ -66,6 +66,24 @@ def bench(fn) -> float:
     return median_ms(fn, rep=150)
 
 
+def tile_timings(args, settings):
+    """ForkAttention on ``args`` under each tile setting: ``(setting, ms, relative
+    difference from the default tiles' output)``, ms None and the error's repr
+    where a setting does not run."""
+    fat.TILE_OVERRIDE = None
+    base = fat.fork_attention_triton(*args).float()
+    for cfg in settings:
+        fat.TILE_OVERRIDE = cfg
+        try:
+            out = fat.fork_attention_triton(*args).float()
+            err = float((out - base).norm() / base.norm())
+            ms = bench(lambda: fat.fork_attention_triton(*args))
+        except Exception as e:
+            err, ms = repr(e)[:200], None
+        yield cfg, ms, err
+    fat.TILE_OVERRIDE = None
+
+
 def sweep_attention(rows):
     for (Hq, Hkv, D) in [(16, 4, 256), (8, 2, 128)]:
         for name in WORKLOADS:
@@ -75,16 +93,7 @@ def sweep_attention(rows):
             q, k, v = attention_inputs(T, Hq, Hkv, D, torch.Generator(device="cuda").manual_seed(0))
             args = (q, k, v, plan.seg_parent, plan.seg_start, plan.seg_len, plan.seg_kv_start, plan.seg_kv_len,
                     plan.positions, plan.kv_positions, D**-0.5)
-            fat.TILE_OVERRIDE = None
-            base = fat.fork_attention_triton(*args).float()
-            for cfg in ATTENTION_CONFIGS[D]:
-                fat.TILE_OVERRIDE = cfg
-                try:
-                    out = fat.fork_attention_triton(*args).float()
-                    err = float((out - base).norm() / base.norm())
-                    ms = bench(lambda: fat.fork_attention_triton(*args))
-                except Exception as e:
-                    err, ms = repr(e)[:200], None
+            for cfg, ms, err in tile_timings(args, ATTENTION_CONFIGS[D]):
                 rows.append({"kernel": "fork_attention", "Hq": Hq, "Hkv": Hkv, "D": D, "workload": name,
                              "config": cfg, "ms": ms, "rel_diff_vs_default": err})
                 print(f"attn D={D} {name:8s} {str(cfg):28s} {ms if ms else float('nan'):8.3f} ms  diff {err}",
@@ -123,16 +132,7 @@ def sweep_agent_attention(rows):
                                    prefix=prefix)
         args = (q, k, v, plan.seg_parent, plan.seg_start, plan.seg_len, plan.seg_kv_start, plan.seg_kv_len,
                 plan.positions, plan.kv_positions, D**-0.5)
-        fat.TILE_OVERRIDE = None
-        base = fat.fork_attention_triton(*args).float()
-        for tiles in AGENT_TILES:
-            fat.TILE_OVERRIDE = tiles
-            try:
-                out = fat.fork_attention_triton(*args).float()
-                err = float((out - base).norm() / base.norm())
-                ms = bench(lambda: fat.fork_attention_triton(*args))
-            except Exception as e:
-                err, ms = repr(e)[:200], None
+        for tiles, ms, err in tile_timings(args, AGENT_TILES):
             rows.append({"kernel": "fork_attention_agent", "workload": name, "rows": plan.num_tokens,
                          "keys": prefix + plan.num_tokens, "tiles": tiles, "ms": ms, "rel_diff_vs_default": err})
             print(f"agent attn {name:18s} {plan.num_tokens:5d} rows {str(tiles):24s} "
