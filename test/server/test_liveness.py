@@ -81,11 +81,11 @@ def test_killed_scheduler_fails_every_request_then_the_server_exits_1(char_model
 def test_stopped_scheduler_fails_every_request_then_the_server_exits_1(char_model_dir, tmp_path):
     """SIGSTOP: no heartbeat for --heartbeat-timeout seconds. A round longer than
     that timeout is no failure: the heartbeat comes from a thread of its own."""
-    # A round of ~15,000 tokens: several seconds even on a fast machine (HEAVY's
-    # ~1.5 s left no margin over the timeout).
-    proc, url, log = _serve(char_model_dir, tmp_path, "--heartbeat-timeout", "1.5")
+    # A round of ~30,000 tokens: over 2 s even on a fast machine (15,200 took
+    # 1.2 s on one, under the timeout).
+    proc, url, log = _serve(char_model_dir, tmp_path, "--heartbeat-timeout", "1.5", "--round-tokens", "32000")
     scheduler = scheduler_of(proc.pid)
-    long_round = send(f"{url}/v1/score", score_body(np.random.default_rng(1), **HEAVY)).wait()
+    long_round = send(f"{url}/v1/score", score_body(np.random.default_rng(1), prompts=16, tokens=1900)).wait()
     took = long_round.answered - long_round.sent
     assert long_round.status == 200 and took > 1.5, took
     assert requests.get(f"{url}/health", timeout=5).status_code == 200
