@@ -23,13 +23,15 @@ from test.helpers.score_load import (Abandoned, cut_rounds, logged_rounds, round
                                      stream_tokens)
 
 QUEUE = 64  # --max-queued-requests: as many as the 64 clients below, who are never refused
-HEAVY = dict(prompts=6, tokens=1900)  # a round of seconds on the CPU (3 x 1,900: under a second on a fast one)
+# A round of seconds on the CPU: the probe comes ~1 s after it starts (6 x 1,900
+# took 0.8 s on a fast machine).
+HEAVY = dict(prompts=12, tokens=1900)
 PROBE = dict(prompts=1, tokens=1200)  # a round of a few tenths of a second
 
 
 def _serve(char_model_dir, log_dir, *flags):
     command = [sys.executable, "-m", "flide_ext.entrypoints.cli", "serve", "--model-path", str(char_model_dir),
-               "--context-length", "2000", "--round-tokens", "12000", *flags]
+               "--context-length", "2000", "--round-tokens", "24000", *flags]
     return start_server(command, log_dir)
 
 
@@ -129,7 +131,11 @@ def test_a_running_round_whose_clients_all_left_is_cut_and_the_probe_is_not_dela
         assert cut_rounds(text) == [(1, stream_tokens(first.body))]
         assert _metric(url, "flide_cancelled_rounds_total ") == 1
         assert _metric(url, "flide_aborted_requests_total ") == aborted + 4
-        assert behind <= 2 * unloaded, (behind, unloaded)
+        # The cut keeps the probe waiting for at most the layer running (about a
+        # third of a probe round) and the withdrawal's way to the scheduler; an
+        # abandoned round run to its end would add a whole DEEP_HEAVY round (about
+        # 2.7 probe rounds). 2x failed once on a fast machine (2.2x).
+        assert behind <= 3 * unloaded, (behind, unloaded)
     finally:
         proc.terminate()
         proc.wait(30)
