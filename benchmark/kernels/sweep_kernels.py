@@ -98,7 +98,6 @@ def sweep_attention(rows):
                              "config": cfg, "ms": ms, "rel_diff_vs_default": err})
                 print(f"attn D={D} {name:8s} {str(cfg):28s} {ms if ms else float('nan'):8.3f} ms  diff {err}",
                       flush=True)
-            fat.TILE_OVERRIDE = None
 
 
 AGENT_TILES = [(128, 64, 8, 2, True), (128, 32, 8, 3, True), (64, 64, 4, 2, True), (64, 64, 8, 3, True),
