@@ -44,7 +44,7 @@ def test_launch_server_decision_mode_answers_like_the_engine(char_model_dir, tmp
     proc = subprocess.Popen(
         launch("--decision-mode", "--model-path", str(char_model_dir), "--port", str(port), "--api-key", "k",
                "--context-length", "300", "--enable-deterministic-inference", "--watchdog-timeout", "1",
-               "--max-prefill-tokens", "65536"),
+               "--max-prefill-tokens", "262144"),
         stdout=open(log, "w"), stderr=subprocess.STDOUT, env=ENV,
     )
     url = f"http://127.0.0.1:{port}"
@@ -58,8 +58,9 @@ def test_launch_server_decision_mode_answers_like_the_engine(char_model_dir, tmp
                 assert abs(got["answers"][qid]["probabilities"][name] - p) <= 1e-6
         info = requests.get(f"{url}/server_info", headers={"Authorization": "Bearer k"}).json()
         assert info["decision_mode"] and info["context_length"] == 300 and info["device"] == "cpu"
-        # 200 prompts of 290 tokens: a round of seconds on the CPU.
-        heavy = {"query": [], "items": np.random.default_rng(0).integers(3, 128, (200, 290)).tolist(),
+        # 900 prompts of 290 tokens in one round: ~10 s on a slow two-core CPU, and
+        # still seconds on a fast one (200 prompts ended inside 1 s on CI's).
+        heavy = {"query": [], "items": np.random.default_rng(0).integers(3, 128, (900, 290)).tolist(),
                  "label_token_ids": [1, 2]}
         r = requests.post(f"{url}/v1/score", json=heavy, headers={"Authorization": "Bearer k"}, timeout=60)
         assert r.status_code == 503 and "past the watchdog limit (--watchdog-timeout 1)" in r.json()["message"], r.text
