@@ -1,0 +1,246 @@
+"""Fidelity: every engine's answers against a float32 forward of each full prompt.
+
+For each question set and one checkpoint, the float32 reference is a Hugging Face
+transformers forward of each question's full prompt in float32 (TF32 off, its own
+PyTorch GDN recurrence: ``fidelity/reference.py``). Measured against it, per
+question, the TV distance of the label distribution and whether the argmax agrees:
+
+* ``flide``: Flide's engine in ``--dtype`` (its GPU path: forked rounds, flat CUDA
+  graphs, the Triton kernels), every set's requests in as few rounds as fit;
+* ``transformers_bf16``: transformers in ``--dtype``, one prompt per forward, with
+  the GDN kernels it picks (flash-linear-attention's when installed); and
+  ``transformers_bf16_torch_gdn`` beside it when those are not its own;
+* ``--server NAME=URL``: any server of SGLang's ``/v1/score`` (an SGLang or Flide
+  server on the same checkpoint), one request per question group (query = the
+  group's shared prefix, items = the rest of each prompt), ``apply_softmax``.
+
+Sets (``fidelity/questions.py``): ``race``, ``race_single``, ``multirc``,
+``quality`` (random tokens of the workloads' shapes) and ``examples`` (the bundled
+decision requests through the model's chat template; needs a tokenizer with one).
+
+Usage::
+
+    python benchmark/bench_fidelity.py --model qwen3.5-4b --head-scale 40 --device cuda \\
+        --sets race multirc quality --requests 16 --out benchmark/results/fidelity/4b
+    python benchmark/bench_fidelity.py --model smollm2-135m --device cuda --sets examples \\
+        --server sglang=http://127.0.0.1:30000 --out benchmark/results/fidelity/smollm2
+
+``--model`` is a checkpoint directory, a built-in model (``smollm2-135m``) or a
+random-weight shape (``tiny-qwen3.5``, ``qwen3.5-0.8b`` ... written once into
+``--checkpoint-dir``). ``--out DIR`` writes ``fidelity.json`` (settings, every
+question's TV per engine, the summaries), ``fidelity.md`` (the table and the
+command) and ``fidelity.png``. Exit status 0; 2 with one line on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fidelity import metrics, questions, reference  # noqa: E402
+from fidelity.report import markdown, plot  # noqa: E402
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class BadArguments(ValueError):
+    """One line for the command's refusal (exit status 2)."""
+
+
+def checkpoint(args) -> Path:
+    """The checkpoint directory ``--model`` names (a random-weight shape is written
+    into ``--checkpoint-dir`` on first use)."""
+    from flide_ext.assets.builtin_models import resolve_model_path
+    from flide_ext.assets.random_checkpoints import QWEN35_SHAPES, write_random_checkpoint
+    from flide_ext.protocol.errors import ModelLoadError
+
+    if args.model in QWEN35_SHAPES or args.model == "tiny-qwen3.5":
+        from bench_decision import model_config
+
+        root = Path(args.checkpoint_dir or Path(tempfile.gettempdir()) / "flide-fidelity")
+        target = root / f"{args.model}-head{args.head_scale:g}-seed{args.seed}"
+        if not (target / "config.json").is_file():
+            write_random_checkpoint(target, model_config(args.model), torch.bfloat16, args.seed, args.head_scale)
+        return target
+    try:
+        return resolve_model_path(args.model)
+    except ModelLoadError as e:
+        raise BadArguments(str(e)) from None
+
+
+def parse_servers(specs: list) -> dict:
+    out = {}
+    for spec in specs:
+        name, sep, url = spec.partition("=")
+        if not sep or not name or not url.startswith(("http://", "https://")):
+            raise BadArguments(f"--server {spec!r} is not NAME=http://HOST:PORT")
+        out[name] = url
+    return out
+
+
+def text_config(path: Path):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(path))
+    return getattr(config, "text_config", None) or config
+
+
+def question_sets(args, path: Path) -> dict:
+    """``{set: groups}`` for ``--sets``."""
+    vocab = text_config(path).vocab_size
+    sets = {}
+    for name in args.sets:
+        if name == "examples":
+            from flide_ext.protocol.decisions import DecisionRenderer
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(path))
+            if not getattr(tokenizer, "chat_template", None):
+                raise BadArguments(f"--sets examples needs a chat template; {path}'s tokenizer has none")
+            sets[name] = questions.example_groups(DecisionRenderer(tokenizer, 1 << 30), args.requests)
+        else:
+            sets[name] = questions.token_groups(name, args.requests, vocab, args.scale, args.seed)
+    return sets
+
+
+def free(*objects) -> None:
+    del objects
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_transformers(path, sets: dict, dtype, device, torch_gdn: bool, desc: str) -> dict:
+    model = reference.load(path, dtype, device)
+    out = {name: reference.label_logprobs(model, questions.flatten(groups), device, f"{desc} {name}", torch_gdn)
+           for name, groups in sets.items()}
+    free(model)
+    return out
+
+
+def run_flide(path, sets: dict, dtype, device) -> dict:
+    from flide_ext import Engine
+
+    engine = Engine(str(path), dtype=dtype, device=device, radix_cache=False)
+    out = {}
+    for name, groups in sets.items():
+        result = engine.run_rounds(groups)
+        out[name] = [lp for answers in result.answers for lp in answers]
+    free(engine)
+    return out
+
+
+def run_server(url: str, sets: dict) -> dict:
+    import requests
+
+    out = {}
+    for name, groups in sets.items():
+        answers = []
+        for prompts, labels in groups:
+            if any(lab != labels[0] for lab in labels):
+                raise BadArguments(f"set {name!r} has questions over different labels: /v1/score takes one label list")
+            shared = min(len(os.path.commonprefix(prompts)), min(len(p) for p in prompts) - 1)
+            body = {"query": prompts[0][:shared], "items": [p[shared:] for p in prompts],
+                    "label_token_ids": labels[0], "apply_softmax": True}
+            r = requests.post(f"{url.rstrip('/')}/v1/score", json=body, timeout=600)
+            r.raise_for_status()
+            answers += [np.log(np.maximum(np.asarray(s, np.float64), 1e-300)).tolist() for s in r.json()["scores"]]
+        out[name] = answers
+    return out
+
+
+def evaluate(args) -> dict:
+    device = torch.device(args.device)
+    dtype = DTYPES[args.dtype]
+    servers = parse_servers(args.server)
+    path = checkpoint(args)
+    sets = question_sets(args, path)
+    hybrid = "linear_attention" in (getattr(text_config(path), "layer_types", None) or [])
+
+    answers = {"float32": run_transformers(path, sets, torch.float32, device, True, "float32 reference")}
+    answers["flide"] = run_flide(path, sets, dtype, device)
+    answers[f"transformers_{args.dtype}"] = run_transformers(path, sets, dtype, device, False, f"transformers {args.dtype}")
+    if hybrid and reference.gdn_implementation() != "torch":
+        answers[f"transformers_{args.dtype}_torch_gdn"] = run_transformers(
+            path, sets, dtype, device, True, f"transformers {args.dtype} (torch GDN)")
+    for name, url in servers.items():
+        answers[name] = run_server(url, sets)
+
+    ref = {s: [metrics.label_distribution(lp) for lp in answers["float32"][s]] for s in sets}
+    engines = [e for e in answers if e != "float32"]
+    results = {"sets": {}, "engines": engines}
+    baseline = f"transformers_{args.dtype}"
+    for s in sets:
+        per_engine = {}
+        for e in engines:
+            cmp = metrics.compare([metrics.label_distribution(lp) for lp in answers[e][s]], ref[s])
+            per_engine[e] = {"summary": metrics.summarize(cmp["tv"], cmp["argmax_equal"]), **cmp}
+        flide_vs = metrics.head_to_head(per_engine["flide"]["tv"], per_engine[baseline]["tv"])
+        results["sets"][s] = {"questions": len(ref[s]), "engines": per_engine,
+                              f"flide_vs_{baseline}": flide_vs}
+    results["settings"] = {"model": args.model, "checkpoint": str(path), "dtype": args.dtype, "device": str(device),
+                           "sets": args.sets, "requests": args.requests, "scale": args.scale, "seed": args.seed,
+                           "head_scale": args.head_scale, "servers": servers,
+                           "transformers_gdn": reference.gdn_implementation() if hybrid else None,
+                           "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
+    return results
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2-135m", help="checkpoint directory, built-in model or random shape")
+    p.add_argument("--head-scale", type=float, default=1.0, help="random shapes: LM head init scale")
+    p.add_argument("--checkpoint-dir", help="random shapes: where their checkpoints are written")
+    p.add_argument("--sets", nargs="+", default=["race", "multirc", "quality"], choices=questions.SETS)
+    p.add_argument("--requests", type=int, default=16, help="requests per set (examples: at most this many)")
+    p.add_argument("--scale", type=float, default=1.0, help="random sets: state and question lengths times this")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES), help="Flide's and the baseline's dtype")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--server", action="append", default=[], help="NAME=URL of a /v1/score server (repeatable)")
+    p.add_argument("--out", help="directory for fidelity.json, .md and .png")
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.requests < 1:
+            raise BadArguments(f"--requests {args.requests} must be at least 1")
+        if not 0 < args.scale <= 1:
+            raise BadArguments(f"--scale {args.scale} must be in (0, 1]")
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            raise BadArguments(f"--device {args.device}: no CUDA device here")
+        if args.out and not Path(args.out).parent.is_dir():
+            raise BadArguments(f"--out {args.out}: its parent directory does not exist")
+        parse_servers(args.server)
+        results = evaluate(args)
+    except BadArguments as e:
+        print(f"bench_fidelity: error: {e}", file=sys.stderr)
+        return 2
+    results["command"] = "python benchmark/bench_fidelity.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    table = markdown(results)
+    print(table)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(exist_ok=True)
+        (out / "fidelity.json").write_text(json.dumps(results, indent=1))
+        (out / "fidelity.md").write_text(table)
+        plot(results, out / "fidelity.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""benchmark/bench_fidelity.py and benchmark/precision_sources.py on CPU with a
+tiny hybrid model (smoke scale), and the parts they are built from."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from test.helpers import ROOT
+from test.helpers.processes import main_in_process
+
+sys.path.insert(0, str(ROOT / "benchmark"))
+
+import bench_fidelity  # noqa: E402
+import precision_sources  # noqa: E402
+from fidelity import metrics, reference  # noqa: E402
+from fidelity.swaps import SWAPS, swapped  # noqa: E402
+
+TINY = ["--model", "tiny-qwen3.5", "--device", "cpu", "--requests", "2", "--scale", "0.2"]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("fidelity-checkpoints"))
+
+
+def test_tv_distance_and_label_distribution():
+    assert metrics.tv_distance([1.0, 0.0], [0.0, 1.0]) == 1.0
+    assert metrics.tv_distance([0.5, 0.5], [0.75, 0.25]) == pytest.approx(0.25)
+    p = metrics.label_distribution([-1.0, -2.0, -3.0])
+    assert p.sum() == pytest.approx(1.0) and np.allclose(p, metrics.label_distribution([4.0, 3.0, 2.0]))
+    cmp = metrics.compare([p, p[::-1]], [p, p])
+    assert cmp["tv"][0] == 0.0 and cmp["tv"][1] > 0 and cmp["argmax_equal"] == [True, False]
+    with pytest.raises(ValueError, match="labels"):
+        metrics.compare([p], [p[:2]])
+    summary = metrics.summarize(cmp["tv"], cmp["argmax_equal"])
+    assert summary["argmax_agree"] == 1 and summary["max_tv"] == cmp["tv"][1]
+
+
+def test_the_reference_runs_transformers_own_gdn_functions():
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
+
+    dispatched = m.torch_chunk_gated_delta_rule
+    with reference.torch_gdn_path():
+        assert m.torch_chunk_gated_delta_rule is dispatched.__wrapped__
+    assert m.torch_chunk_gated_delta_rule is dispatched
+
+
+def test_bench_fidelity_float32_flide_equals_the_reference(tmp_path, checkpoints):
+    # In float32 Flide's forked rounds are the float32 forward of each prompt.
+    run = main_in_process(bench_fidelity.main, *TINY, "--checkpoint-dir", checkpoints, "--dtype", "float32",
+                          "--sets", "race", "multirc", "--out", str(tmp_path / "f32"))
+    assert run.returncode == 0, run.stderr[-2000:]
+    results = json.loads((tmp_path / "f32" / "fidelity.json").read_text())
+    for name in ("race", "multirc"):
+        flide = results["sets"][name]["engines"]["flide"]["summary"]
+        assert flide["questions"] == {"race": 8, "multirc": 60}[name]
+        assert flide["max_tv"] < 1e-5 and flide["argmax_agree"] == flide["questions"]
+
+
+def test_bench_fidelity_bf16_writes_table_plot_and_every_question(tmp_path, checkpoints):
+    out = tmp_path / "bf16"
+    run = main_in_process(bench_fidelity.main, *TINY, "--checkpoint-dir", checkpoints, "--sets", "multirc",
+                          "--out", str(out))
+    assert run.returncode == 0, run.stderr[-2000:]
+    results = json.loads((out / "fidelity.json").read_text())
+    block = results["sets"]["multirc"]
+    assert set(block["engines"]) == {"flide", "transformers_bfloat16"}  # no fla here: one transformers run
+    for engine in block["engines"].values():
+        assert len(engine["tv"]) == 60 and engine["summary"]["mean_tv"] > 0
+        assert engine["summary"]["mean_tv"] == pytest.approx(np.mean(engine["tv"]))
+    share = block["flide_vs_transformers_bfloat16"]["a_closer_or_equal"]
+    flide, hf = np.array(block["engines"]["flide"]["tv"]), np.array(block["engines"]["transformers_bfloat16"]["tv"])
+    assert share == pytest.approx(float((flide <= hf).mean()))
+    assert results["settings"]["transformers_gdn"] == "torch"
+    assert "| multirc | flide | 60 |" in (out / "fidelity.md").read_text() and (out / "fidelity.png").stat().st_size
+
+
+def test_swaps_change_nothing_outside_their_block_and_as_is_is_the_engine(checkpoints):
+    from flide_ext import Engine
+
+    args = bench_fidelity.build_parser().parse_args([*TINY, "--checkpoint-dir", checkpoints, "--sets", "multirc"])
+    path = bench_fidelity.checkpoint(args)
+    groups = bench_fidelity.question_sets(args, path)["multirc"]
+    engine = Engine(str(path), dtype="bfloat16", radix_cache=False)
+    before = engine.run_rounds(groups).answers
+    with swapped(engine.runner.model, []):
+        assert engine.run_rounds(groups).answers == before
+    changed = {}
+    for name in SWAPS:
+        with swapped(engine.runner.model, [name]):
+            changed[name] = engine.run_rounds(groups).answers != before
+        assert engine.run_rounds(groups).answers == before, name
+    # The reference kernels CPU runs are float64 inside: those swaps change nothing here.
+    assert not changed["gdn_rule"] and not changed["attention"]
+    assert changed["residual"] and changed["lm_head"] and changed["gdn_gate"]
+    with pytest.raises(KeyError, match="unknown swaps"):
+        with swapped(engine.runner.model, ["gemm"]):
+            pass
+
+
+def test_precision_sources_all_swaps_come_closer_to_float32(tmp_path, checkpoints):
+    out = tmp_path / "sources"
+    run = main_in_process(precision_sources.main, *TINY, "--checkpoint-dir", checkpoints, "--sets", "multirc",
+                          "--swaps", "residual", "lm_head", "norms", "--out", str(out))
+    assert run.returncode == 0, run.stderr[-2000:]
+    results = json.loads((out / "sources.json").read_text())
+    rows = {r["run"]: r for r in results["runs"]}
+    assert list(rows) == ["as is", "residual", "lm_head", "norms", "all storage swaps", "all swaps"]
+    assert rows["as is"]["share"] == 0.0
+    assert rows["all swaps"]["mean_tv"] < rows["as is"]["mean_tv"]
+    for row in rows.values():
+        assert row["share"] == pytest.approx((rows["as is"]["mean_tv"] - row["mean_tv"]) / rows["as is"]["mean_tv"])
+    assert "| residual | storage |" in (out / "sources.md").read_text() and (out / "sources.png").stat().st_size
+
+
+def test_bad_arguments_are_one_line_and_exit_2():
+    cases = [(bench_fidelity.main, ["--requests", "0"]), (bench_fidelity.main, ["--scale", "2"]),
+             (bench_fidelity.main, ["--server", "sglang"]), (bench_fidelity.main, ["--model", "/no/such/model"]),
+             (bench_fidelity.main, ["--out", "/no/such/dir/x"]),
+             (precision_sources.main, ["--server", "a=http://127.0.0.1:1"])]
+    for main, extra in cases:
+        run = main_in_process(main, "--device", "cpu", *extra)
+        assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, (extra, run.stderr)
+    script = subprocess.run([sys.executable, str(ROOT / "benchmark" / "bench_fidelity.py"), "--requests", "0"],
+                            capture_output=True, text=True, timeout=300)
+    assert script.returncode == 2 and script.stderr.strip().startswith("bench_fidelity: error: --requests 0")
