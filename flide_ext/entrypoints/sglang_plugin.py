@@ -8,9 +8,10 @@ dtype, device, API key, random seed, context length, served model name,
 ``--max-prefill-tokens`` (a round's token capacity), ``--max-running-requests``
 (a round's request capacity), ``--disable-cuda-graph`` (Flide's graph mode
 ``off``), ``--disable-radix-cache`` (no state cache), ``--mem-fraction-static``
-(the state cache's budget, :mod:`flide_ext.server.cache_args`), the
-deterministic switch and ``--enable-cache-report`` (Flide always reports cached
-tokens), ``--watchdog-timeout`` (a round's time limit) and ``--max-queued-requests``
+(the state cache's budget, :mod:`flide_ext.server.cache_args`),
+``--enable-deterministic-inference`` (Flide's deterministic mode,
+:mod:`flide_ext.runtime.determinism`), ``--enable-cache-report`` (accepted: Flide
+always reports cached tokens), ``--watchdog-timeout`` (a round's time limit) and ``--max-queued-requests``
 (requests sent to the scheduler and not yet answered). ``--state-cache-gb``,
 ``--max-body-mb``, ``--body-read-timeout``, ``--request-timeout``,
 ``--heartbeat-timeout`` and ``--round-seconds`` (Flide's own) are added to
@@ -30,11 +31,11 @@ MAPPED = {
     "disable_cuda_graph", "disable_radix_cache", "mem_fraction_static", "state_cache_gb",
     "log_level", "log_level_http", "max_body_mb", "body_read_timeout",
     "watchdog_timeout", "max_queued_requests", "request_timeout", "heartbeat_timeout", "round_seconds",
+    "enable_deterministic_inference",
 }
-# Accepted without effect: the engine's answers are already the same bits at
-# any load on the CPU reference, and do not depend on graphs or padding on the GPU.
-# Every response's usage reports its cached tokens, with or without --enable-cache-report.
-ACCEPTED = {"enable_deterministic_inference", "enable_cache_report"}
+# Accepted without effect: every response's usage reports its cached tokens,
+# with or without --enable-cache-report.
+ACCEPTED = {"enable_cache_report"}
 
 
 def _add_flag(result, parser: argparse.ArgumentParser):
@@ -93,6 +94,7 @@ def serve_args(args: argparse.Namespace):
         random_seed=args.random_seed,
         context_length=args.context_length,
         served_model_name=args.served_model_name,
+        enable_deterministic_inference=bool(getattr(args, "enable_deterministic_inference", False)),
         **_capacity(args),
         **_cache(args),
         **{name: getattr(args, name) for name in ("log_level", "log_level_http") if getattr(args, name, None)},

@@ -1,13 +1,14 @@
-"""Linear layer whose CPU float32 result does not depend on the round's shape.
+"""Linear layer whose CPU result does not depend on the round's shape.
 
-A CPU float32 GEMM (MKL / oneDNN) picks its blocking and reduction order by the
-number of rows, so the same row can come out a few ulps apart when it is computed
-alone or among thousands of other rows; over 30 layers that reaches ~1e-5 in a
-label log-probability. On CPU this layer accumulates float32 inputs in float64
-and rounds once to float32: the rounded result is the same (up to rare
-double-rounding ties) wherever the row sits, which is what lets a question
-answered inside a round match the same question answered alone. Other dtypes and
-devices use the ordinary GEMM.
+A CPU GEMM (MKL / oneDNN) picks its blocking and reduction order by the number
+of rows, in float32 and in bf16 / fp16 alike, so the same row can come out a few
+ulps apart when it is computed alone or among thousands of other rows; over 30
+layers that reaches ~1e-5 in a float32 label log-probability, and flips bf16 /
+fp16 bits. On CPU this layer accumulates in float64 and rounds once to the
+input's dtype: the rounded result is the same (up to rare double-rounding ties)
+wherever the row sits, which is what lets a question answered inside a round
+match the same question answered alone. GPU GEMMs are made row-invariant by
+deterministic mode (:mod:`flide_ext.runtime.determinism`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from torch import nn
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T + bias``: ``x`` ``[T, in]``, ``weight`` ``[out, in]`` -> ``[T, out]``
-    in ``x.dtype``, row-invariant on CPU float32 (see the module docstring)."""
-    if x.device.type == "cpu" and x.dtype == torch.float32:
-        return F.linear(x.double(), weight.double(), None if bias is None else bias.double()).float()
+    in ``x.dtype``, row-invariant on CPU (see the module docstring)."""
+    if x.device.type == "cpu" and x.is_floating_point():
+        return F.linear(x.double(), weight.double(), None if bias is None else bias.double()).to(x.dtype)
     return F.linear(x, weight, bias)
 
 

@@ -79,6 +79,8 @@ class Engine:
             only ``"off"`` on the CPU.
         graph_capacities: the flat graphs' capacities (default
             :func:`~flide_ext.runtime.graph_capacities.default_capacities` of the round capacity).
+        deterministic: deterministic mode (SGLang's ``--enable-deterministic-inference``,
+            :mod:`~.determinism`): process-wide batch-invariant GEMMs on CUDA.
 
     Raises:
         ModelLoadError: the model cannot be found or loaded, or the device does not exist.
@@ -101,6 +103,7 @@ class Engine:
         model=None,
         cuda_graphs: Optional[str] = None,
         graph_capacities: Optional[Sequence[GraphCapacity]] = None,
+        deterministic: bool = False,
     ):
         dtype = parse_dtype(dtype)
         if context_length is not None and context_length < 1:
@@ -109,7 +112,9 @@ class Engine:
             raise ValueError(f"state_cache_bytes must be a positive integer, not {state_cache_bytes!r}")
         self.round_capacity = round_capacity or RoundCapacity()
         self.runner = ModelRunner(model_path, dtype, device, self.round_capacity,
-                                  state_cache_bytes if radix_cache else 0, model, cuda_graphs, graph_capacities)
+                                  state_cache_bytes if radix_cache else 0, model, cuda_graphs, graph_capacities,
+                                  deterministic)
+        self.deterministic = deterministic
         self.state_cache_bytes = self.runner.state_cache_bytes
         self.dtype, self.device = dtype, self.runner.device
         self.path, self.config = self.runner.path, self.runner.config
@@ -125,20 +130,11 @@ class Engine:
                                     self.runner.cache_rows)
         self._lock = threading.RLock()
 
-    @property
-    def model(self):
-        """The model runner's Flide model."""
-        return self.runner.model
-
-    @property
-    def graphs(self):
-        """The model runner's :class:`~.graph_runner.GraphRunner` (None on the CPU)."""
-        return self.runner.graphs
-
-    @property
-    def state_pool(self):
-        """The model runner's GDN :class:`~.state_pool.StatePool` (None without GDN layers)."""
-        return self.runner.state_pool
+    # The model runner's parts: its Flide model, its GraphRunner (None on the CPU)
+    # and its GDN StatePool (None without GDN layers).
+    model = property(lambda self: self.runner.model)
+    graphs = property(lambda self: self.runner.graphs)
+    state_pool = property(lambda self: self.runner.state_pool)
 
     @property
     def renderer(self):

@@ -19,6 +19,7 @@ from ..models.loader import load_model
 from ..plan.flat import FlatPlan
 from ..protocol.errors import ModelLoadError
 from .capacity import RoundCapacity
+from .determinism import enable_deterministic
 from .graph_capacities import GraphCapacity, default_capacities
 from .graph_runner import MODES, GraphRunner
 from .kv_pool import KVPool
@@ -112,6 +113,8 @@ class ModelRunner:
             (:mod:`~flide_ext.runtime.graph_runner`); default ``"flat"`` on CUDA.
         graph_capacities: the flat graphs' capacities (default
             :func:`~flide_ext.runtime.graph_capacities.default_capacities` of the round capacity).
+        deterministic: turn deterministic mode on first (:func:`~.determinism.enable_deterministic`);
+            ``self.deterministic`` then says what it did (None: off).
 
     The kernel backend is decided here, once: the references when
     ``FLIDE_REFERENCE_KERNELS`` is set, else by device for a loaded model, and
@@ -120,6 +123,7 @@ class ModelRunner:
     Raises:
         ModelLoadError: the model cannot be found or loaded, the device does not
             exist, or the state cache's budget cannot be allocated there.
+        RuntimeError: deterministic mode cannot be enabled on this device.
         ValueError: an unknown graph mode, graphs on a CPU device, or graph
             capacities that are empty, larger than a round, or given without flat graphs.
     """
@@ -134,6 +138,7 @@ class ModelRunner:
         model=None,
         cuda_graphs: Optional[str] = None,
         graph_capacities: Optional[Sequence[GraphCapacity]] = None,
+        deterministic: bool = False,
     ):
         self.device = check_device(device)
         on_gpu = self.device.type == "cuda"
@@ -193,6 +198,8 @@ class ModelRunner:
                 recurrent_shape, conv_shape, self.model.num_gdn_layers, dtype, self.device, capacity=max(slots, 1),
                 recurrent_dtype=torch.float64 if exact else torch.float32,
             )
+        # Before any graph is captured: a graph keeps the kernels it was captured with.
+        self.deterministic = enable_deterministic(self.device) if deterministic else None
         self.graphs = None
         if on_gpu:
             # A state cut at a checkpoint adds a level: the lean graphs get one.

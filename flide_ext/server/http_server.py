@@ -68,6 +68,7 @@ class ServerInfo:
     state_cache_max_tokens: int = 0
     max_body_bytes: int = body_limits(MAX_BODY_MB, BODY_READ_TIMEOUT_S)[0]
     body_read_timeout: float = BODY_READ_TIMEOUT_S  # seconds
+    deterministic: bool = False  # --enable-deterministic-inference
 
 
 def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> FastAPI:
@@ -206,7 +207,8 @@ def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> 
         return {"decision_mode": True, "model_path": info.model_path, "dtype": info.dtype, "device": info.device,
                 "context_length": info.context_length, "vocab_size": info.vocab_size,
                 "disable_radix_cache": info.disable_radix_cache, "state_cache_bytes": info.state_cache_bytes,
-                "state_cache_max_tokens": info.state_cache_max_tokens}
+                "state_cache_max_tokens": info.state_cache_max_tokens,
+                "enable_deterministic_inference": info.deterministic}
 
     @app.get("/v1/models")
     async def models():

@@ -74,6 +74,7 @@ class ServeArgs:
     request_timeout: Optional[float] = None  # seconds a request may take (504 after); None: no limit
     heartbeat_timeout: float = 30.0  # seconds without a scheduler heartbeat before it counts as stopped
     round_seconds: float = 1.0  # a round's time budget: its tokens capped by past rounds' seconds per token
+    enable_deterministic_inference: bool = False  # SGLang's: batch-invariant kernels (runtime/determinism.py)
 
 
 def serve(args: ServeArgs) -> None:
@@ -132,7 +133,8 @@ def serve(args: ServeArgs) -> None:
     heartbeats = sync.socket(zmq.PULL)
     heartbeats.bind(addrs["heartbeat"])
     engine_kwargs = dict(model_path=path, dtype=args.dtype, device=args.device, context_length=args.context_length,
-                         tokenizer_path=args.tokenizer_path, **graphs, **cache)
+                         tokenizer_path=args.tokenizer_path, deterministic=args.enable_deterministic_inference,
+                         **graphs, **cache)
     scheduler = multiprocessing.get_context("spawn").Process(
         target=run_scheduler, args=(engine_kwargs, addrs["work"], addrs["done"], capacity, fraction, log_level),
         kwargs=dict(heartbeat_addr=addrs["heartbeat"], abort_addr=addrs["abort"],
@@ -192,7 +194,8 @@ def _http_server(args: ServeArgs, path: str, capacity: RoundCapacity, limits: di
                                request_timeout=limits["request_timeout"], abort_addr=addrs["abort"])
     info = ServerInfo(path, args.served_model_name or args.model_path, ready.context_length, ready.vocab_size,
                       args.dtype, args.device, args.api_key, args.disable_radix_cache, stats.get("budget_bytes", 0),
-                      stats.get("max_tokens", 0), limits["max_body_bytes"], limits["body_read_timeout"])
+                      stats.get("max_tokens", 0), limits["max_body_bytes"], limits["body_read_timeout"],
+                      args.enable_deterministic_inference)
     app = build_app(manager, info, metrics)
 
     class Server(uvicorn.Server):

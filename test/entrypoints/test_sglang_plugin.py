@@ -58,6 +58,7 @@ def test_launch_server_decision_mode_answers_like_the_engine(char_model_dir, tmp
                 assert abs(got["answers"][qid]["probabilities"][name] - p) <= 1e-6
         info = requests.get(f"{url}/server_info", headers={"Authorization": "Bearer k"}).json()
         assert info["decision_mode"] and info["context_length"] == 300 and info["device"] == "cpu"
+        assert info["enable_deterministic_inference"] is True
         # 900 prompts of 290 tokens in one round: ~10 s on a slow two-core CPU, and
         # still seconds on a fast one (200 prompts ended inside 1 s on CI's).
         heavy = {"query": [], "items": np.random.default_rng(0).integers(3, 128, (900, 290)).tolist(),
@@ -175,3 +176,19 @@ def test_liveness_and_queue_flags_reach_the_server():
     assert plain == replace(plain, **{k: getattr(ServeArgs("m"), k) for k in
                                       ("watchdog_timeout", "max_queued_requests", "request_timeout",
                                        "heartbeat_timeout", "round_seconds")})
+
+
+def test_deterministic_flag_reaches_the_engine():
+    """--enable-deterministic-inference is Flide's deterministic mode (off by
+    default); --enable-cache-report is accepted (usage always reports cached tokens)."""
+    from flide_ext.entrypoints.cli import build_parser
+    from flide_ext.entrypoints.sglang_plugin import _add_flag, refused_flags, serve_args
+
+    parser = _sglang_parser()
+    _add_flag(None, parser)
+    on = parser.parse_args(["--model-path", "m", "--device", "cpu", "--enable-deterministic-inference",
+                            "--enable-cache-report"])
+    assert refused_flags(on) == [] and serve_args(on).enable_deterministic_inference is True
+    assert serve_args(parser.parse_args(["--model-path", "m", "--device", "cpu"])).enable_deterministic_inference is False
+    flide = build_parser().parse_args(["serve", "--model-path", "m", "--enable-deterministic-inference"])
+    assert flide.enable_deterministic_inference is True

@@ -1,0 +1,25 @@
+"""On CPU a bf16 or fp16 engine answers a request inside a round of others with
+the same bits as the request alone: every reduction of the CPU path is per row
+(its GEMMs accumulate in float64, its kernels are the per-segment references).
+
+(A request of several questions is a different tree from each question sent on
+its own: its state is forked through a float32 state slot, which in bf16 can
+move a question's bits. What may not move them is the rest of the round.)"""
+
+import random
+
+import pytest
+
+from flide_ext import Engine
+from test.helpers.exact_checks import make_request
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_request_in_a_round_equals_it_alone_bitwise(tiny_dirs, dtype):
+    rng = random.Random(3)
+    requests = [make_request(rng, rng.randint(40, 140), rng.randint(1, 6)) for _ in range(5)]
+    for family in ("qwen3_5", "qwen3_next", "llama"):
+        engine = Engine(str(tiny_dirs[family]), dtype=dtype, radix_cache=False)
+        answers = engine.score_tokens_batch(requests)
+        for request, answer in zip(requests, answers):
+            assert engine.score_tokens(request).label_logprobs == answer.label_logprobs, (family, dtype)
