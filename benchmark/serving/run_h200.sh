@@ -32,6 +32,13 @@
 #               each graph capacity set of $SWEEP ("START:GROWTH=SET;SET;... ...") -> $OUT/sweep.tar.gz
 #   profile     benchmark/profile_round.py in process (no server may hold the GPU): an agent step resumed from
 #               the state cache at 8,000 + 400 and at 1,500 + 200 tokens, kernels by device time -> $OUT/profile.tar.gz
+#   fidelity    benchmark/bench_fidelity.py in process on --model: Flide and transformers bf16 against transformers
+#               float32, RACE/MultiRC ($FID_REQUESTS requests, default 16) and QuALITY (4); $FID_ARGS is added (e.g.
+#               "--server sglang=http://127.0.0.1:30000" beside an SGLang server kept with --mem-fraction-static 0.5)
+#               -> $OUT/fidelity.tar.gz
+#   sources     benchmark/precision_sources.py in process on --model: each step in float32 in turn, MultiRC
+#               (8 requests) -> $OUT/sources.tar.gz
+#   invariance  benchmark/check_invariance.py in process, default mode and deterministic mode -> $OUT/invariance.tar.gz
 # Back in $OUT: flide.tar.gz / sglang.tar.gz / compare.tar.gz (each run's NAME.json, .md, .png, .log),
 # LABEL_server.log (flide_server.log, flide_off_server.log), sglang_server.log ($OUT brings back at most 8 files).
 # Options:
@@ -87,7 +94,7 @@ while [ $# -gt 0 ]; do
         --sglang-flags) SGLANG_FLAGS=$2; shift 2 ;;
         --port) PORT=$2; shift 2 ;;
         --keep-server) KEEP=1; shift ;;
-        checkpoint|flide|sglang|compare|profile|sweep) STEPS+=("$1"); shift ;;
+        checkpoint|flide|sglang|compare|profile|sweep|fidelity|sources|invariance) STEPS+=("$1"); shift ;;
         *) echo "run_h200.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -244,6 +251,51 @@ step_sweep() {
             > "$RESULTS/sweep/agent_${shape/:/_}.log" 2>&1 || rc=1
         grep -v "^\[\|^STAGE\|^ERROR" "$RESULTS/sweep/agent_${shape/:/_}.log" | tail -n 8
         tar -czf "$OUT/sweep.tar.gz" -C "$RESULTS" sweep
+    done
+    return $rc
+}
+
+step_fidelity() {
+    flide_env
+    local rc=0
+    mkdir -p "$RESULTS/fidelity"
+    # shellcheck disable=SC2086
+    (cd /tmp && timeout 300 python3 "$REPO/benchmark/bench_fidelity.py" --model "$MODEL" --device cuda \
+        --sets race multirc --requests "${FID_REQUESTS:-16}" ${FID_ARGS:-} --out "$RESULTS/fidelity/race_multirc") \
+        > "$RESULTS/fidelity/race_multirc.log" 2>&1 || rc=1
+    grep "^| " "$RESULTS/fidelity/race_multirc.log" | head -n 12
+    tar -czf "$OUT/fidelity.tar.gz" -C "$RESULTS" fidelity
+    # shellcheck disable=SC2086
+    (cd /tmp && timeout 280 python3 "$REPO/benchmark/bench_fidelity.py" --model "$MODEL" --device cuda \
+        --sets quality --requests 4 ${FID_ARGS:-} --out "$RESULTS/fidelity/quality") \
+        > "$RESULTS/fidelity/quality.log" 2>&1 || rc=1
+    grep "^| " "$RESULTS/fidelity/quality.log" | head -n 8
+    tar -czf "$OUT/fidelity.tar.gz" -C "$RESULTS" fidelity
+    return $rc
+}
+
+step_sources() {
+    flide_env
+    local rc=0
+    mkdir -p "$RESULTS/sources"
+    (cd /tmp && timeout 420 python3 "$REPO/benchmark/precision_sources.py" --model "$MODEL" --device cuda \
+        --sets multirc --requests 8 --out "$RESULTS/sources/multirc") > "$RESULTS/sources/multirc.log" 2>&1 || rc=1
+    grep "^| " "$RESULTS/sources/multirc.log"
+    tar -czf "$OUT/sources.tar.gz" -C "$RESULTS" sources
+    return $rc
+}
+
+step_invariance() {
+    flide_env
+    local mode rc=0
+    mkdir -p "$RESULTS/invariance"
+    for mode in default deterministic; do
+        # shellcheck disable=SC2046
+        (cd /tmp && timeout 280 python3 "$REPO/benchmark/check_invariance.py" --model "$SHAPE" \
+            $([ $mode = deterministic ] && echo --deterministic) --out "$RESULTS/invariance/$mode.json") \
+            > "$RESULTS/invariance/$mode.log" 2>&1 || rc=1
+        grep -v "^\[\|it/s\]" "$RESULTS/invariance/$mode.log" | tail -n 4
+        tar -czf "$OUT/invariance.tar.gz" -C "$RESULTS" invariance
     done
     return $rc
 }
