@@ -6,7 +6,9 @@ forward of each full prompt (as ``bench_fidelity.py``). Flide's engine (``--dtyp
 eager: swaps are Python, which a CUDA graph would not see) answers the questions
 as it is, then once per swap, then with all kernel swaps, all storage swaps and
 all swaps at once. Per run: mean / p99 TV to float32, argmax agreement, and the
-swap's **share**: the fraction of the as-is mean TV it removes. ``--layers`` also
+swap's **share**: the fraction of the as-is mean TV it removes. Beside them, as
+lines to read the shares against: transformers in ``--dtype`` on the same prompts
+(the GDN kernels it picks, and its own PyTorch GDN recurrence when those differ). ``--layers`` also
 runs the storage swaps of one layer range at a time (the residual stream and
 norm outputs of those layers' blocks).
 
@@ -77,6 +79,16 @@ def evaluate(args) -> dict:
         cmp = metrics.compare(answers, ref)
         table.append({"run": label, "swaps": swaps, **metrics.summarize(cmp["tv"], cmp["argmax_equal"]),
                       "mean_sq_error": float(np.mean(cmp["sq_error"])), "tv": cmp["tv"]})
+    hybrid = "linear_attention" in (getattr(bench_fidelity.text_config(path), "layer_types", None) or [])
+    engine_dtype = bench_fidelity.DTYPES[args.dtype]
+    baselines = [(f"transformers {args.dtype}", False)]
+    if hybrid and bench_fidelity.reference.gdn_implementation() != "torch":
+        baselines.append((f"transformers {args.dtype} (torch GDN)", True))
+    for label, torch_gdn in baselines:
+        answers = bench_fidelity.run_transformers(path, sets, engine_dtype, device, torch_gdn, label)
+        cmp = metrics.compare([metrics.label_distribution(lp) for s in sets for lp in answers[s]], ref)
+        table.append({"run": label, "swaps": None, **metrics.summarize(cmp["tv"], cmp["argmax_equal"]),
+                      "mean_sq_error": float(np.mean(cmp["sq_error"])), "tv": cmp["tv"]})
     base, base_sq = table[0]["mean_tv"], table[0]["mean_sq_error"]
     for row in table:
         if "mean_tv" in row:
@@ -97,6 +109,8 @@ def markdown(results: dict) -> str:
              "share of squared error |", "|---|---|---|---|---|---|---|---|"]
     for row in results["runs"]:
         kind, what = results["swaps"].get(row["run"], ("", ""))
+        if row.get("swaps") is None:
+            kind, what = "baseline", "one prompt per forward"
         if "error" in row:
             lines.append(f"| {row['run']} | {kind} | {what} | error: {row['error']} | | | | |")
             continue

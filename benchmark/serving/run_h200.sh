@@ -37,7 +37,7 @@
 #               "--server sglang=http://127.0.0.1:30000" beside an SGLang server kept with --mem-fraction-static 0.5)
 #               -> $OUT/fidelity.tar.gz
 #   sources     benchmark/precision_sources.py in process on --model: each step in float32 in turn, MultiRC
-#               (8 requests) -> $OUT/sources.tar.gz
+#               ($SOURCES_REQUESTS requests, default 16) -> $OUT/sources.tar.gz
 #   invariance  benchmark/check_invariance.py in process, default mode and deterministic mode -> $OUT/invariance.tar.gz
 # Back in $OUT: flide.tar.gz / sglang.tar.gz / compare.tar.gz (each run's NAME.json, .md, .png, .log),
 # LABEL_server.log (flide_server.log, flide_off_server.log), sglang_server.log ($OUT brings back at most 8 files).
@@ -278,8 +278,8 @@ step_sources() {
     flide_env
     local rc=0
     mkdir -p "$RESULTS/sources"
-    (cd /tmp && timeout 420 python3 "$REPO/benchmark/precision_sources.py" --model "$MODEL" --device cuda \
-        --sets multirc --requests 8 --out "$RESULTS/sources/multirc") > "$RESULTS/sources/multirc.log" 2>&1 || rc=1
+    (cd /tmp && timeout 480 python3 "$REPO/benchmark/precision_sources.py" --model "$MODEL" --device cuda \
+        --sets multirc --requests "${SOURCES_REQUESTS:-16}" --out "$RESULTS/sources/multirc") > "$RESULTS/sources/multirc.log" 2>&1 || rc=1
     grep "^| " "$RESULTS/sources/multirc.log"
     tar -czf "$OUT/sources.tar.gz" -C "$RESULTS" sources
     return $rc

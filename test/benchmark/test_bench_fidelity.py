@@ -110,12 +110,21 @@ def test_precision_sources_all_swaps_come_closer_to_float32(tmp_path, checkpoint
     assert run.returncode == 0, run.stderr[-2000:]
     results = json.loads((out / "sources.json").read_text())
     rows = {r["run"]: r for r in results["runs"]}
-    assert list(rows) == ["as is", "residual", "lm_head", "norms", "all storage swaps", "all swaps"]
+    assert list(rows) == ["as is", "residual", "lm_head", "norms", "all storage swaps", "all swaps",
+                          "transformers bfloat16"]
     assert rows["as is"]["share"] == 0.0
     assert rows["all swaps"]["mean_tv"] < rows["as is"]["mean_tv"]
     for row in rows.values():
         assert row["share"] == pytest.approx((rows["as is"]["mean_tv"] - row["mean_tv"]) / rows["as is"]["mean_tv"])
     assert "| residual | storage |" in (out / "sources.md").read_text() and (out / "sources.png").stat().st_size
+    assert "| transformers bfloat16 | baseline |" in (out / "sources.md").read_text()
+    # The baseline is transformers' own bf16 forward: the same answers bench_fidelity records for it.
+    fidelity_out = tmp_path / "fidelity"
+    run = main_in_process(bench_fidelity.main, *TINY, "--checkpoint-dir", checkpoints, "--sets", "multirc",
+                          "--out", str(fidelity_out))
+    assert run.returncode == 0, run.stderr[-2000:]
+    fidelity = json.loads((fidelity_out / "fidelity.json").read_text())
+    assert rows["transformers bfloat16"]["tv"] == fidelity["sets"]["multirc"]["engines"]["transformers_bfloat16"]["tv"]
 
 
 def test_bad_arguments_are_one_line_and_exit_2():
