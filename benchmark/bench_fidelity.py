@@ -40,6 +40,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -129,14 +130,24 @@ def run_transformers(path, sets: dict, dtype, device, torch_gdn: bool, desc: str
     return out
 
 
-def run_flide(path, sets: dict, dtype, device) -> dict:
+def run_flide(path, sets: dict, dtype, device, timings: dict = None, label: str = "flide", **engine_args) -> dict:
+    # Each set's rounds run twice: the answers of the first, the wall time of the
+    # second (compiled, autotuned, graphs warm) into ``timings[label][set]``.
     from flide_ext import Engine
 
-    engine = Engine(str(path), dtype=dtype, device=device, radix_cache=False)
+    engine = Engine(str(path), dtype=dtype, device=device, radix_cache=False, **engine_args)
     out = {}
     for name, groups in sets.items():
         result = engine.run_rounds(groups)
         out[name] = [lp for answers in result.answers for lp in answers]
+        if timings is not None:
+            start = time.perf_counter()
+            again = engine.run_rounds(groups)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            timings.setdefault(label, {})[name] = time.perf_counter() - start
+            if [lp for a in again.answers for lp in a] != out[name]:
+                raise RuntimeError(f"{label}: set {name!r} answered differently the second time")
     free(engine)
     return out
 
@@ -169,7 +180,11 @@ def evaluate(args) -> dict:
     hybrid = "linear_attention" in (getattr(text_config(path), "layer_types", None) or [])
 
     answers = {"float32": run_transformers(path, sets, torch.float32, device, True, "float32 reference")}
-    answers["flide"] = run_flide(path, sets, dtype, device)
+    timings = {}
+    answers["flide"] = run_flide(path, sets, dtype, device, timings)
+    if hybrid and args.gdn_rule_dtype:
+        label = f"flide_gdn_{args.gdn_rule_dtype}"
+        answers[label] = run_flide(path, sets, dtype, device, timings, label, gdn_rule_dtype=args.gdn_rule_dtype)
     answers[f"transformers_{args.dtype}"] = run_transformers(path, sets, dtype, device, False, f"transformers {args.dtype}")
     if hybrid and reference.gdn_implementation() != "torch":
         answers[f"transformers_{args.dtype}_torch_gdn"] = run_transformers(
@@ -192,6 +207,7 @@ def evaluate(args) -> dict:
     results["settings"] = {"model": args.model, "checkpoint": str(path), "dtype": args.dtype, "device": str(device),
                            "sets": args.sets, "requests": args.requests, "scale": args.scale, "seed": args.seed,
                            "head_scale": args.head_scale, "servers": servers,
+                           "gdn_rule_dtype": args.gdn_rule_dtype, "flide_seconds": timings,
                            "transformers_gdn": reference.gdn_implementation() if hybrid else None,
                            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
     return results
@@ -208,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES), help="Flide's and the baseline's dtype")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--gdn-rule-dtype", choices=["float32"], default=None,
+                   help="hybrid models: also run Flide with its gated delta rule in this dtype")
     p.add_argument("--server", action="append", default=[], help="NAME=URL of a /v1/score server (repeatable)")
     p.add_argument("--out", help="directory for fidelity.json, .md and .png")
     return p

@@ -24,6 +24,11 @@ def markdown(results: dict) -> str:
         key = next(k for k in block if k.startswith("flide_vs_"))
         h = block[key]
         lines.append(f"| {name} | {h['a_closer_or_equal']:.1%} | {h['a_closer']:.1%} |")
+    if s.get("flide_seconds"):
+        lines += ["", "Flide's wall time per set (seconds, the rounds run a second time; a diagnostic in process):", "",
+                  "| engine | " + " | ".join(results["sets"]) + " |", "|---|" + "---|" * len(results["sets"])]
+        for engine, per_set in s["flide_seconds"].items():
+            lines.append(f"| {engine} | " + " | ".join(f"{per_set[n]:.3f}" for n in results["sets"]) + " |")
     if s.get("transformers_gdn"):
         lines += ["", f"transformers' GDN layers ran `{s['transformers_gdn']}` kernels (the float32 reference: its own "
                   "PyTorch recurrence)."]

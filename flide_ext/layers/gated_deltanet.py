@@ -34,7 +34,14 @@ class GatedDeltaNet(KernelModule):
 
     Args:
         index: this layer's rank among the model's GDN layers (its state-pool layer).
+
+    ``rule_dtype`` (None: the activations' dtype) is the dtype the gated delta
+    rule's inputs are cast to, so its chunk states, WY factors and corrected
+    values are kept in it (float32 in a bf16 model); its output is cast back.
+    Set model-wide by :meth:`flide_ext.models.base.FlatCausalLM.set_gdn_rule_dtype`.
     """
+
+    rule_dtype = None
 
     def __init__(self, config, index: int):
         super().__init__()
@@ -109,8 +116,11 @@ class GatedDeltaNet(KernelModule):
         # With tables, the GPU pass needs no level tables (and building them
         # would add launches to a CUDA graph).
         levels = plan.level_tables() if needs_level_tables(v, tables, self.backend) else ()
+        dtype = v.dtype
+        if self.rule_dtype is not None and self.rule_dtype != dtype:
+            q, k, v, beta = (t.to(self.rule_dtype) for t in (q, k, v, beta))
         o = gated_delta_rule_tree(q, k, v, g, beta, self.head_k_dim**-0.5, state_pool, levels,
-                                  use_qk_l2norm=True, tables=tables, backend=self.backend)
+                                  use_qk_l2norm=True, tables=tables, backend=self.backend).to(dtype)
         o = self.norm(o, z).reshape(T, -1)
         return self.out_proj(o)
 

@@ -11,6 +11,7 @@ from torch import nn
 
 from ..kernels.dispatch import check_backend
 from ..layers.context import ForwardContext
+from ..layers.gated_deltanet import GatedDeltaNet
 from ..layers.kernel_module import KernelModule
 from ..layers.readout import readout_logprobs
 from ..layers.rotary import RotaryEmbedding
@@ -89,6 +90,19 @@ class FlatCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, KernelModule):
                 module.backend = backend
+
+    def set_gdn_rule_dtype(self, dtype: Optional[torch.dtype]) -> None:
+        """Run every GDN layer's gated delta rule in ``dtype`` (None: the
+        activations' dtype; see :class:`~flide_ext.layers.gated_deltanet.GatedDeltaNet`).
+
+        Raises:
+            ValueError: a dtype other than None, float32 or float64.
+        """
+        if dtype not in (None, torch.float32, torch.float64):
+            raise ValueError(f"the GDN rule dtype must be float32 or float64 (or None), not {dtype}")
+        for module in self.modules():
+            if isinstance(module, GatedDeltaNet):
+                module.rule_dtype = dtype
 
     @property
     def tied_weights(self) -> dict[str, str]:

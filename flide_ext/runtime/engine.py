@@ -81,6 +81,9 @@ class Engine:
             :func:`~flide_ext.runtime.graph_capacities.default_capacities` of the round capacity).
         deterministic: deterministic mode (SGLang's ``--enable-deterministic-inference``,
             :mod:`~.determinism`): process-wide batch-invariant GEMMs on CUDA.
+        gdn_rule_dtype: the dtype hybrid models' GDN layers run the gated delta
+            rule in (``"float32"`` in a bf16 model keeps its chunk states and WY
+            factors in float32); None: ``dtype``.
 
     Raises:
         ModelLoadError: the model cannot be found or loaded, or the device does not exist.
@@ -104,6 +107,7 @@ class Engine:
         cuda_graphs: Optional[str] = None,
         graph_capacities: Optional[Sequence[GraphCapacity]] = None,
         deterministic: bool = False,
+        gdn_rule_dtype: Union[str, torch.dtype, None] = None,
     ):
         dtype = parse_dtype(dtype)
         if context_length is not None and context_length < 1:
@@ -113,7 +117,7 @@ class Engine:
         self.round_capacity = round_capacity or RoundCapacity()
         self.runner = ModelRunner(model_path, dtype, device, self.round_capacity,
                                   state_cache_bytes if radix_cache else 0, model, cuda_graphs, graph_capacities,
-                                  deterministic)
+                                  deterministic, None if gdn_rule_dtype is None else parse_dtype(gdn_rule_dtype))
         self.deterministic = deterministic
         self.state_cache_bytes = self.runner.state_cache_bytes
         self.dtype, self.device = dtype, self.runner.device

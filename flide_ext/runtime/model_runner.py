@@ -115,6 +115,8 @@ class ModelRunner:
             :func:`~flide_ext.runtime.graph_capacities.default_capacities` of the round capacity).
         deterministic: turn deterministic mode on first (:func:`~.determinism.enable_deterministic`);
             ``self.deterministic`` then says what it did (None: off).
+        gdn_rule_dtype: the dtype GDN layers run their gated delta rule in (None:
+            ``dtype``; :meth:`~flide_ext.models.base.FlatCausalLM.set_gdn_rule_dtype`).
 
     The kernel backend is decided here, once: the references when
     ``FLIDE_REFERENCE_KERNELS`` is set, else by device for a loaded model, and
@@ -139,6 +141,7 @@ class ModelRunner:
         cuda_graphs: Optional[str] = None,
         graph_capacities: Optional[Sequence[GraphCapacity]] = None,
         deterministic: bool = False,
+        gdn_rule_dtype: Optional[torch.dtype] = None,
     ):
         self.device = check_device(device)
         on_gpu = self.device.type == "cuda"
@@ -167,6 +170,7 @@ class ModelRunner:
         backend = environment_backend()
         if model is None or backend is not None:
             self.model.set_kernel_backend(backend)
+        self.model.set_gdn_rule_dtype(gdn_rule_dtype)
         self.config = self.model.config  # the text part, for multimodal checkpoints
         self.vocab_size = int(self.config.vocab_size)
         self.state_pool = self.kv_pool = None

@@ -65,11 +65,14 @@ def test_bench_fidelity_float32_flide_equals_the_reference(tmp_path, checkpoints
 def test_bench_fidelity_bf16_writes_table_plot_and_every_question(tmp_path, checkpoints):
     out = tmp_path / "bf16"
     run = main_in_process(bench_fidelity.main, *TINY, "--checkpoint-dir", checkpoints, "--sets", "multirc",
-                          "--out", str(out))
+                          "--gdn-rule-dtype", "float32", "--out", str(out))
     assert run.returncode == 0, run.stderr[-2000:]
     results = json.loads((out / "fidelity.json").read_text())
     block = results["sets"]["multirc"]
-    assert set(block["engines"]) == {"flide", "transformers_bfloat16"}  # no fla here: one transformers run
+    # no fla here: one transformers run
+    assert set(block["engines"]) == {"flide", "flide_gdn_float32", "transformers_bfloat16"}
+    seconds = results["settings"]["flide_seconds"]
+    assert set(seconds) == {"flide", "flide_gdn_float32"} and all(t["multirc"] > 0 for t in seconds.values())
     for engine in block["engines"].values():
         assert len(engine["tv"]) == 60 and engine["summary"]["mean_tv"] > 0
         assert engine["summary"]["mean_tv"] == pytest.approx(np.mean(engine["tv"]))

@@ -23,3 +23,34 @@ def test_a_request_in_a_round_equals_it_alone_bitwise(tiny_dirs, dtype):
         answers = engine.score_tokens_batch(requests)
         for request, answer in zip(requests, answers):
             assert engine.score_tokens(request).label_logprobs == answer.label_logprobs, (family, dtype)
+
+
+def test_a_float32_gdn_rule_in_a_bf16_model_keeps_rows_invariant(tiny_dirs, monkeypatch):
+    import torch
+
+    import flide_ext.layers.gated_deltanet as gdn_layer
+
+    seen = []
+    rule = gdn_layer.gated_delta_rule_tree
+
+    def spy(q, k, v, g, beta, *args, **kwargs):
+        seen.append((q.dtype, k.dtype, v.dtype, beta.dtype))
+        return rule(q, k, v, g, beta, *args, **kwargs)
+
+    monkeypatch.setattr(gdn_layer, "gated_delta_rule_tree", spy)
+    rng = random.Random(5)
+    requests = [make_request(rng, rng.randint(40, 140), rng.randint(1, 6)) for _ in range(4)]
+    path = str(tiny_dirs["qwen3_5"])
+    engine = Engine(path, dtype="bfloat16", radix_cache=False, gdn_rule_dtype="float32")
+    answers = engine.score_tokens_batch(requests)
+    assert seen and set(seen) == {(torch.float32,) * 4}
+    for request, answer in zip(requests, answers):
+        assert engine.score_tokens(request).label_logprobs == answer.label_logprobs
+    # The rule's inputs are the same bf16 values either way (the CPU reference works in
+    # float64 inside): only the rounding of its output may differ.
+    default = Engine(path, dtype="bfloat16", radix_cache=False).score_tokens_batch(requests)
+    for a, b in zip(answers, default):
+        for x, y in zip(a.label_logprobs, b.label_logprobs):
+            assert x == pytest.approx(y, abs=0.05)
+    with pytest.raises(ValueError, match="GDN rule dtype"):
+        Engine(path, dtype="bfloat16", radix_cache=False, gdn_rule_dtype="float16")
