@@ -171,6 +171,34 @@ def run_server(url: str, sets: dict) -> dict:
     return out
 
 
+RESUME_KEYS = ("model", "sets", "requests", "scale", "seed", "dtype", "head_scale", "device")
+
+
+class Answers:
+    """Every engine's label log-probabilities, kept in ``DIR/answers.json`` after
+    each engine (``DIR`` None: in memory only). A file written under other
+    settings (:data:`RESUME_KEYS`) is set aside, not resumed."""
+
+    def __init__(self, directory, settings: dict):
+        self.path = Path(directory) / "answers.json" if directory else None
+        self.settings = json.loads(json.dumps(settings))
+        self.answers, self.timings = {}, {}
+        if self.path is not None and self.path.is_file():
+            saved = json.loads(self.path.read_text())
+            if saved.get("settings") == self.settings:
+                self.answers, self.timings = saved["answers"], saved.get("flide_seconds", {})
+                print(f"bench_fidelity: resuming {', '.join(self.answers)} from {self.path}", file=sys.stderr)
+
+    def run(self, engine: str, answer) -> None:
+        if engine in self.answers:
+            return
+        self.answers[engine] = answer()
+        if self.path is not None:
+            self.path.parent.mkdir(exist_ok=True)
+            self.path.write_text(json.dumps({"settings": self.settings, "answers": self.answers,
+                                             "flide_seconds": self.timings}))
+
+
 def evaluate(args) -> dict:
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
@@ -179,18 +207,24 @@ def evaluate(args) -> dict:
     sets = question_sets(args, path)
     hybrid = "linear_attention" in (getattr(text_config(path), "layer_types", None) or [])
 
-    answers = {"float32": run_transformers(path, sets, torch.float32, device, True, "float32 reference")}
-    timings = {}
-    answers["flide"] = run_flide(path, sets, dtype, device, timings)
+    # Each engine's answers are kept in --out as soon as it finishes, and a run
+    # with the same settings resumes from them: on a fresh GPU machine one engine's
+    # start (kernel compiles, fla-core's autotuning, graph capture) can take minutes.
+    kept = Answers(args.out, {k: getattr(args, k) for k in RESUME_KEYS})
+    timings = kept.timings
+    kept.run("float32", lambda: run_transformers(path, sets, torch.float32, device, True, "float32 reference"))
+    kept.run("flide", lambda: run_flide(path, sets, dtype, device, timings))
     if hybrid and args.gdn_rule_dtype:
         label = f"flide_gdn_{args.gdn_rule_dtype}"
-        answers[label] = run_flide(path, sets, dtype, device, timings, label, gdn_rule_dtype=args.gdn_rule_dtype)
-    answers[f"transformers_{args.dtype}"] = run_transformers(path, sets, dtype, device, False, f"transformers {args.dtype}")
+        kept.run(label, lambda: run_flide(path, sets, dtype, device, timings, label, gdn_rule_dtype=args.gdn_rule_dtype))
+    kept.run(f"transformers_{args.dtype}",
+             lambda: run_transformers(path, sets, dtype, device, False, f"transformers {args.dtype}"))
     if hybrid and reference.gdn_implementation() != "torch":
-        answers[f"transformers_{args.dtype}_torch_gdn"] = run_transformers(
-            path, sets, dtype, device, True, f"transformers {args.dtype} (torch GDN)")
+        kept.run(f"transformers_{args.dtype}_torch_gdn",
+                 lambda: run_transformers(path, sets, dtype, device, True, f"transformers {args.dtype} (torch GDN)"))
     for name, url in servers.items():
-        answers[name] = run_server(url, sets)
+        kept.run(name, lambda url=url: run_server(url, sets))
+    answers = kept.answers
 
     ref = {s: [metrics.label_distribution(lp) for lp in answers["float32"][s]] for s in sets}
     engines = [e for e in answers if e != "float32"]

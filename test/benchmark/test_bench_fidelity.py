@@ -141,3 +141,23 @@ def test_bad_arguments_are_one_line_and_exit_2():
     script = subprocess.run([sys.executable, str(ROOT / "benchmark" / "bench_fidelity.py"), "--requests", "0"],
                             capture_output=True, text=True, timeout=300)
     assert script.returncode == 2 and script.stderr.strip().startswith("bench_fidelity: error: --requests 0")
+
+
+def test_bench_fidelity_resumes_the_engines_a_cut_run_finished(tmp_path, checkpoints):
+    out = tmp_path / "resume"
+    argv = [*TINY, "--checkpoint-dir", checkpoints, "--sets", "multirc", "--out", str(out)]
+    first = main_in_process(bench_fidelity.main, *argv)
+    assert first.returncode == 0, first.stderr[-2000:]
+    whole = json.loads((out / "fidelity.json").read_text())["sets"]
+    # A run cut after the reference and transformers: Flide's answers never written.
+    saved = json.loads((out / "answers.json").read_text())
+    assert set(saved["answers"]) == {"float32", "flide", "transformers_bfloat16"}
+    del saved["answers"]["flide"]
+    (out / "answers.json").write_text(json.dumps(saved))
+    again = main_in_process(bench_fidelity.main, *argv)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resuming float32, transformers_bfloat16" in again.stderr
+    assert json.loads((out / "fidelity.json").read_text())["sets"] == whole
+    # Other settings: nothing resumed.
+    other = main_in_process(bench_fidelity.main, *[a if a != "2" else "1" for a in argv])
+    assert other.returncode == 0 and "resuming" not in other.stderr
