@@ -97,6 +97,21 @@ def text_config(path: Path):
     return getattr(config, "text_config", None) or config
 
 
+def is_hybrid(path: Path) -> bool:
+    """Whether the checkpoint has Gated DeltaNet layers."""
+    return "linear_attention" in (getattr(text_config(path), "layer_types", None) or [])
+
+
+def transformers_baselines(path: Path, dtype_name: str) -> list:
+    """``[(engine name, label, torch_gdn)]`` of the plain transformers forwards in
+    ``dtype_name``: as transformers picks its GDN kernels, and beside it its own
+    PyTorch GDN recurrence when those are another package's."""
+    out = [(f"transformers_{dtype_name}", f"transformers {dtype_name}", False)]
+    if is_hybrid(path) and reference.gdn_implementation() != "torch":
+        out.append((f"transformers_{dtype_name}_torch_gdn", f"transformers {dtype_name} (torch GDN)", True))
+    return out
+
+
 def question_sets(args, path: Path) -> dict:
     """``{set: groups}`` for ``--sets``."""
     vocab = text_config(path).vocab_size
@@ -205,7 +220,7 @@ def evaluate(args) -> dict:
     servers = parse_servers(args.server)
     path = checkpoint(args)
     sets = question_sets(args, path)
-    hybrid = "linear_attention" in (getattr(text_config(path), "layer_types", None) or [])
+    hybrid = is_hybrid(path)
 
     # Each engine's answers are kept in --out as soon as it finishes, and a run
     # with the same settings resumes from them: on a fresh GPU machine one engine's
@@ -217,11 +232,9 @@ def evaluate(args) -> dict:
     if hybrid and args.gdn_rule_dtype:
         label = f"flide_gdn_{args.gdn_rule_dtype}"
         kept.run(label, lambda: run_flide(path, sets, dtype, device, timings, label, gdn_rule_dtype=args.gdn_rule_dtype))
-    kept.run(f"transformers_{args.dtype}",
-             lambda: run_transformers(path, sets, dtype, device, False, f"transformers {args.dtype}"))
-    if hybrid and reference.gdn_implementation() != "torch":
-        kept.run(f"transformers_{args.dtype}_torch_gdn",
-                 lambda: run_transformers(path, sets, dtype, device, True, f"transformers {args.dtype} (torch GDN)"))
+    for name, label, torch_gdn in transformers_baselines(path, args.dtype):
+        kept.run(name, lambda label=label, torch_gdn=torch_gdn: run_transformers(path, sets, dtype, device, torch_gdn,
+                                                                                 label))
     for name, url in servers.items():
         kept.run(name, lambda url=url: run_server(url, sets))
     answers = kept.answers

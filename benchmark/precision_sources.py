@@ -79,13 +79,9 @@ def evaluate(args) -> dict:
         cmp = metrics.compare(answers, ref)
         table.append({"run": label, "swaps": swaps, **metrics.summarize(cmp["tv"], cmp["argmax_equal"]),
                       "mean_sq_error": float(np.mean(cmp["sq_error"])), "tv": cmp["tv"]})
-    hybrid = "linear_attention" in (getattr(bench_fidelity.text_config(path), "layer_types", None) or [])
-    engine_dtype = bench_fidelity.DTYPES[args.dtype]
-    baselines = [(f"transformers {args.dtype}", False)]
-    if hybrid and bench_fidelity.reference.gdn_implementation() != "torch":
-        baselines.append((f"transformers {args.dtype} (torch GDN)", True))
-    for label, torch_gdn in baselines:
-        answers = bench_fidelity.run_transformers(path, sets, engine_dtype, device, torch_gdn, label)
+    for _, label, torch_gdn in bench_fidelity.transformers_baselines(path, args.dtype):
+        answers = bench_fidelity.run_transformers(path, sets, bench_fidelity.DTYPES[args.dtype], device, torch_gdn,
+                                                  label)
         cmp = metrics.compare([metrics.label_distribution(lp) for s in sets for lp in answers[s]], ref)
         table.append({"run": label, "swaps": None, **metrics.summarize(cmp["tv"], cmp["argmax_equal"]),
                       "mean_sq_error": float(np.mean(cmp["sq_error"])), "tv": cmp["tv"]})

@@ -16,7 +16,8 @@ import numpy as np
 import requests
 
 ROUND_LINE = re.compile(r"Decision round\. #req: (\d+), #question: (\d+), #stream-token: (\d+)")
-CUT_LINE = re.compile(r"Decision round cancelled\. #req: (\d+), #question: (\d+), #stream-token: (\d+)")
+CUT_LINE = re.compile(r"Decision round cancelled\. #req: (\d+), #question: (\d+), #stream-token: (\d+), "
+                      r"layers: (\d+)/\d+, ran: ([\d.]+) ms")
 
 
 def score_body(rng: np.random.Generator, prompts: int, tokens: int, vocab: int = 128) -> dict:
@@ -39,6 +40,12 @@ def rounds(log_text: str) -> list[tuple[int, int]]:
 def cut_rounds(log_text: str) -> list[tuple[int, int]]:
     """``(#req, #stream-token)`` of each cut round logged in ``log_text``, in order."""
     return [(int(m[1]), int(m[3])) for m in CUT_LINE.finditer(log_text)]
+
+
+def cut_layer_seconds(log_text: str) -> list[float]:
+    """Seconds per layer each cut round logged in ``log_text`` took (its time over
+    the layers it ran), in order."""
+    return [float(m[5]) / 1e3 / max(int(m[4]), 1) for m in CUT_LINE.finditer(log_text)]
 
 
 def logged_rounds(log, count: int, timeout: float = 60.0, of=rounds) -> str:

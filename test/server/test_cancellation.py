@@ -7,7 +7,6 @@ manager's --max-queued-requests). And the cancellation helper alone."""
 from __future__ import annotations
 
 import asyncio
-import re
 import statistics
 import sys
 import threading
@@ -20,8 +19,8 @@ import requests
 from flide_ext.server.cancellation import ClientDisconnected, RequestTimedOut, while_client_waits
 from test.helpers.checkpoints import write_char_tokenizer, write_tiny_checkpoint
 from test.helpers.processes import scheduler_of, start_server, wait_for_cpu
-from test.helpers.score_load import (Abandoned, cut_rounds, logged_rounds, rounds, score_body, send, send_and_leave,
-                                     stream_tokens)
+from test.helpers.score_load import (Abandoned, cut_layer_seconds, cut_rounds, logged_rounds, rounds, score_body,
+                                     send, send_and_leave, stream_tokens)
 
 QUEUE = 64  # --max-queued-requests: as many as the 64 clients below, who are never refused
 # A round of seconds on the CPU: the probe comes ~1 s after it starts (6 x 1,900
@@ -133,8 +132,7 @@ def test_a_running_round_whose_clients_all_left_is_cut_and_the_probe_is_not_dela
         assert cut_rounds(text) == [(1, stream_tokens(first.body))]
         assert _metric(url, "flide_cancelled_rounds_total ") == 1
         assert _metric(url, "flide_aborted_requests_total ") == aborted + 4
-        cut = re.search(r"Decision round cancelled\..* layers: (\d+)/\d+, ran: ([\d.]+) ms", text)
-        layer = float(cut[2]) / 1e3 / max(int(cut[1]), 1)
+        (layer,) = cut_layer_seconds(text)
         assert behind <= 2 * unloaded + layer, (behind, unloaded, layer)
     finally:
         proc.terminate()
