@@ -21,7 +21,7 @@ decision requests through the model's chat template; needs a tokenizer with one)
 Usage::
 
     python benchmark/bench_fidelity.py --model qwen3.5-4b --head-scale 40 --device cuda \\
-        --sets race multirc quality --requests 16 --out benchmark/results/fidelity/4b
+        --sets race multirc quality --requests 16 --set-requests quality=4 --out benchmark/results/fidelity/4b
     python benchmark/bench_fidelity.py --model smollm2-135m --device cuda --sets examples \\
         --server sglang=http://127.0.0.1:30000 --out benchmark/results/fidelity/smollm2
 
@@ -29,7 +29,11 @@ Usage::
 random-weight shape (``tiny-qwen3.5``, ``qwen3.5-0.8b`` ... written once into
 ``--checkpoint-dir``). ``--out DIR`` writes ``fidelity.json`` (settings, every
 question's TV per engine, the summaries), ``fidelity.md`` (the table and the
-command) and ``fidelity.png``. Exit status 0; 2 with one line on bad arguments.
+command) and ``fidelity.png``. Each engine's answers are kept per set in
+``answers.json`` there as they come, and a rerun with the same settings resumes
+from them. A ``--gdn-rule-dtype`` engine that fails is recorded, not fatal. On
+CUDA, fla-core is pointed at Flide's shipped kernel configurations before anything
+imports it. Exit status 0; 2 with one line on bad arguments.
 """
 
 from __future__ import annotations
@@ -117,6 +121,7 @@ def question_sets(args, path: Path) -> dict:
     vocab = text_config(path).vocab_size
     sets = {}
     for name in args.sets:
+        count = args.set_requests.get(name, args.requests)
         if name == "examples":
             from flide_ext.protocol.decisions import DecisionRenderer
             from transformers import AutoTokenizer
@@ -124,10 +129,23 @@ def question_sets(args, path: Path) -> dict:
             tokenizer = AutoTokenizer.from_pretrained(str(path))
             if not getattr(tokenizer, "chat_template", None):
                 raise BadArguments(f"--sets examples needs a chat template; {path}'s tokenizer has none")
-            sets[name] = questions.example_groups(DecisionRenderer(tokenizer, 1 << 30), args.requests)
+            sets[name] = questions.example_groups(DecisionRenderer(tokenizer, 1 << 30), count)
         else:
-            sets[name] = questions.token_groups(name, args.requests, vocab, args.scale, args.seed)
+            sets[name] = questions.token_groups(name, count, vocab, args.scale, args.seed)
     return sets
+
+
+def shipped_fla_configs(device) -> str:
+    """Points fla-core at Flide's shipped kernel configurations before anything
+    imports it (transformers' Qwen3.5 modeling does, at import), as Flide's server
+    does: else every fla kernel of every engine autotunes on first use. Says which."""
+    if device.type != "cuda":
+        return "none (CPU)"
+    from flide_ext.kernels.fla_configs import use_shipped
+
+    if use_shipped():
+        return "Flide's shipped H200 configurations (FLA_CACHE_MODE=full), autotuned where none is shipped"
+    return "fla-core's own choice (autotuned, or as FLA_CONFIG_DIR / FLA_CACHE_MODE set)"
 
 
 def free(*objects) -> None:
@@ -137,40 +155,40 @@ def free(*objects) -> None:
         torch.cuda.empty_cache()
 
 
-def run_transformers(path, sets: dict, dtype, device, torch_gdn: bool, desc: str) -> dict:
+def run_transformers(path, sets: dict, dtype, device, torch_gdn: bool, desc: str):
+    """Yields ``(set, answers)`` as each set is answered."""
     model = reference.load(path, dtype, device)
-    out = {name: reference.label_logprobs(model, questions.flatten(groups), device, f"{desc} {name}", torch_gdn)
-           for name, groups in sets.items()}
+    for name, groups in sets.items():
+        yield name, reference.label_logprobs(model, questions.flatten(groups), device, f"{desc} {name}", torch_gdn)
     free(model)
-    return out
 
 
-def run_flide(path, sets: dict, dtype, device, timings: dict = None, label: str = "flide", **engine_args) -> dict:
+def run_flide(path, sets: dict, dtype, device, timings: dict = None, label: str = "flide", **engine_args):
+    """Yields ``(set, answers)`` as each set is answered."""
     # Each set's rounds run twice: the answers of the first, the wall time of the
     # second (compiled, autotuned, graphs warm) into ``timings[label][set]``.
     from flide_ext import Engine
 
     engine = Engine(str(path), dtype=dtype, device=device, radix_cache=False, **engine_args)
-    out = {}
     for name, groups in sets.items():
         result = engine.run_rounds(groups)
-        out[name] = [lp for answers in result.answers for lp in answers]
+        answers = [lp for a in result.answers for lp in a]
         if timings is not None:
             start = time.perf_counter()
             again = engine.run_rounds(groups)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             timings.setdefault(label, {})[name] = time.perf_counter() - start
-            if [lp for a in again.answers for lp in a] != out[name]:
+            if [lp for a in again.answers for lp in a] != answers:
                 raise RuntimeError(f"{label}: set {name!r} answered differently the second time")
+        yield name, answers
     free(engine)
-    return out
 
 
-def run_server(url: str, sets: dict) -> dict:
+def run_server(url: str, sets: dict):
+    """Yields ``(set, answers)`` as each set is answered."""
     import requests
 
-    out = {}
     for name, groups in sets.items():
         answers = []
         for prompts, labels in groups:
@@ -182,17 +200,16 @@ def run_server(url: str, sets: dict) -> dict:
             r = requests.post(f"{url.rstrip('/')}/v1/score", json=body, timeout=600)
             r.raise_for_status()
             answers += [np.log(np.maximum(np.asarray(s, np.float64), 1e-300)).tolist() for s in r.json()["scores"]]
-        out[name] = answers
-    return out
+        yield name, answers
 
 
-RESUME_KEYS = ("model", "sets", "requests", "scale", "seed", "dtype", "head_scale", "device")
+RESUME_KEYS = ("model", "sets", "requests", "set_requests", "scale", "seed", "dtype", "head_scale", "device")
 
 
 class Answers:
-    """Every engine's label log-probabilities, kept in ``DIR/answers.json`` after
-    each engine (``DIR`` None: in memory only). A file written under other
-    settings (:data:`RESUME_KEYS`) is set aside, not resumed."""
+    """Every engine's label log-probabilities per set, kept in ``DIR/answers.json``
+    after each set an engine answers (``DIR`` None: in memory only). A file written
+    under other settings (:data:`RESUME_KEYS`) is set aside, not resumed."""
 
     def __init__(self, directory, settings: dict):
         self.path = Path(directory) / "answers.json" if directory else None
@@ -202,21 +219,29 @@ class Answers:
             saved = json.loads(self.path.read_text())
             if saved.get("settings") == self.settings:
                 self.answers, self.timings = saved["answers"], saved.get("flide_seconds", {})
-                print(f"bench_fidelity: resuming {', '.join(self.answers)} from {self.path}", file=sys.stderr)
+                done = ", ".join(f"{e} ({', '.join(per_set)})" for e, per_set in self.answers.items())
+                print(f"bench_fidelity: resuming {done} from {self.path}", file=sys.stderr)
 
-    def run(self, engine: str, answer) -> None:
-        if engine in self.answers:
+    def complete(self, engine: str, sets) -> bool:
+        return all(s in self.answers.get(engine, {}) for s in sets)
+
+    def run(self, engine: str, sets: dict, answer) -> None:
+        """``answer(missing sets)`` yields ``(set, answers)``; each is kept as it comes."""
+        missing = {s: g for s, g in sets.items() if s not in self.answers.get(engine, {})}
+        if not missing:
             return
-        self.answers[engine] = answer()
-        if self.path is not None:
-            self.path.parent.mkdir(exist_ok=True)
-            self.path.write_text(json.dumps({"settings": self.settings, "answers": self.answers,
-                                             "flide_seconds": self.timings}))
+        for name, answers in answer(missing):
+            self.answers.setdefault(engine, {})[name] = answers
+            if self.path is not None:
+                self.path.parent.mkdir(exist_ok=True)
+                self.path.write_text(json.dumps({"settings": self.settings, "answers": self.answers,
+                                                 "flide_seconds": self.timings}))
 
 
 def evaluate(args) -> dict:
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
+    fla_configs = shipped_fla_configs(device)
     servers = parse_servers(args.server)
     path = checkpoint(args)
     sets = question_sets(args, path)
@@ -226,18 +251,27 @@ def evaluate(args) -> dict:
     # with the same settings resumes from them: on a fresh GPU machine one engine's
     # start (kernel compiles, fla-core's autotuning, graph capture) can take minutes.
     kept = Answers(args.out, {k: getattr(args, k) for k in RESUME_KEYS})
-    timings = kept.timings
-    kept.run("float32", lambda: run_transformers(path, sets, torch.float32, device, True, "float32 reference"))
-    kept.run("flide", lambda: run_flide(path, sets, dtype, device, timings))
-    if hybrid and args.gdn_rule_dtype:
-        label = f"flide_gdn_{args.gdn_rule_dtype}"
-        kept.run(label, lambda: run_flide(path, sets, dtype, device, timings, label, gdn_rule_dtype=args.gdn_rule_dtype))
+    timings, errors = kept.timings, {}
+    kept.run("float32", sets, lambda todo: run_transformers(path, todo, torch.float32, device, True,
+                                                            "float32 reference"))
+    kept.run("flide", sets, lambda todo: run_flide(path, todo, dtype, device, timings))
     for name, label, torch_gdn in transformers_baselines(path, args.dtype):
-        kept.run(name, lambda label=label, torch_gdn=torch_gdn: run_transformers(path, sets, dtype, device, torch_gdn,
-                                                                                 label))
+        kept.run(name, sets, lambda todo, label=label, torch_gdn=torch_gdn: run_transformers(
+            path, todo, dtype, device, torch_gdn, label))
+    if hybrid and args.gdn_rule_dtype:
+        # A candidate, run last: its failure (a kernel that cannot take the dtype)
+        # is recorded, and every other engine's answers still make the table.
+        label = f"flide_gdn_{args.gdn_rule_dtype}"
+        try:
+            kept.run(label, sets, lambda todo: run_flide(path, todo, dtype, device, timings, label,
+                                                         gdn_rule_dtype=args.gdn_rule_dtype))
+        except Exception as e:  # noqa: BLE001
+            errors[label] = f"{type(e).__name__}: {e}"[:500]
+            print(f"bench_fidelity: {label} failed: {errors[label]}", file=sys.stderr)
+            free()
     for name, url in servers.items():
-        kept.run(name, lambda url=url: run_server(url, sets))
-    answers = kept.answers
+        kept.run(name, sets, lambda todo, url=url: run_server(url, todo))
+    answers = {e: a for e, a in kept.answers.items() if kept.complete(e, sets)}
 
     ref = {s: [metrics.label_distribution(lp) for lp in answers["float32"][s]] for s in sets}
     engines = [e for e in answers if e != "float32"]
@@ -254,10 +288,24 @@ def evaluate(args) -> dict:
     results["settings"] = {"model": args.model, "checkpoint": str(path), "dtype": args.dtype, "device": str(device),
                            "sets": args.sets, "requests": args.requests, "scale": args.scale, "seed": args.seed,
                            "head_scale": args.head_scale, "servers": servers,
-                           "gdn_rule_dtype": args.gdn_rule_dtype, "flide_seconds": timings,
+                           "set_requests": args.set_requests, "gdn_rule_dtype": args.gdn_rule_dtype,
+                           "flide_seconds": {e: t for e, t in timings.items() if e in answers},
+                           "fla_configs": fla_configs, "errors": errors,
                            "transformers_gdn": reference.gdn_implementation() if hybrid else None,
                            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
     return results
+
+
+def set_requests(text: str) -> dict:
+    """``"quality=4,race=8"`` as ``{"quality": 4, "race": 8}`` (argparse type)."""
+    out = {}
+    for item in text.split(","):
+        name, sep, count = item.partition("=")
+        if not sep or name not in questions.SETS or not count.isdigit() or int(count) < 1:
+            raise argparse.ArgumentTypeError(f"{item!r} is not SET=N with SET one of {', '.join(questions.SETS)} "
+                                             "and N at least 1")
+        out[name] = int(count)
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -267,6 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-dir", help="random shapes: where their checkpoints are written")
     p.add_argument("--sets", nargs="+", default=["race", "multirc", "quality"], choices=questions.SETS)
     p.add_argument("--requests", type=int, default=16, help="requests per set (examples: at most this many)")
+    p.add_argument("--set-requests", type=set_requests, default={}, metavar="SET=N[,SET=N]",
+                   help="requests of these sets instead of --requests (e.g. quality=4)")
     p.add_argument("--scale", type=float, default=1.0, help="random sets: state and question lengths times this")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES), help="Flide's and the baseline's dtype")

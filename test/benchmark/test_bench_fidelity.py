@@ -143,21 +143,53 @@ def test_bad_arguments_are_one_line_and_exit_2():
     assert script.returncode == 2 and script.stderr.strip().startswith("bench_fidelity: error: --requests 0")
 
 
-def test_bench_fidelity_resumes_the_engines_a_cut_run_finished(tmp_path, checkpoints):
+def test_bench_fidelity_resumes_the_sets_a_cut_run_finished(tmp_path, checkpoints):
     out = tmp_path / "resume"
-    argv = [*TINY, "--checkpoint-dir", checkpoints, "--sets", "multirc", "--out", str(out)]
+    argv = [*TINY, "--checkpoint-dir", checkpoints, "--sets", "race", "multirc", "--set-requests", "race=1",
+            "--out", str(out)]
     first = main_in_process(bench_fidelity.main, *argv)
     assert first.returncode == 0, first.stderr[-2000:]
-    whole = json.loads((out / "fidelity.json").read_text())["sets"]
-    # A run cut after the reference and transformers: Flide's answers never written.
+    results = json.loads((out / "fidelity.json").read_text())
+    whole = results["sets"]
+    # --set-requests: one RACE request (4 questions) beside two MultiRC requests.
+    assert whole["race"]["questions"] == 4 and whole["multirc"]["questions"] == 60
+    # A run cut while Flide answered MultiRC: its RACE answers were kept, the rest never written.
     saved = json.loads((out / "answers.json").read_text())
     assert set(saved["answers"]) == {"float32", "flide", "transformers_bfloat16"}
-    del saved["answers"]["flide"]
+    assert all(set(per_set) == {"race", "multirc"} for per_set in saved["answers"].values())
+    del saved["answers"]["flide"]["multirc"]
+    del saved["answers"]["transformers_bfloat16"]
     (out / "answers.json").write_text(json.dumps(saved))
     again = main_in_process(bench_fidelity.main, *argv)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "resuming float32, transformers_bfloat16" in again.stderr
+    assert "resuming float32 (race, multirc), flide (race)" in again.stderr
     assert json.loads((out / "fidelity.json").read_text())["sets"] == whole
     # Other settings: nothing resumed.
-    other = main_in_process(bench_fidelity.main, *[a if a != "2" else "1" for a in argv])
+    other = main_in_process(bench_fidelity.main, *[a if a != "race=1" else "race=2" for a in argv])
     assert other.returncode == 0 and "resuming" not in other.stderr
+
+
+def test_bench_fidelity_records_a_failed_candidate_and_keeps_the_rest(tmp_path, checkpoints, monkeypatch):
+    plain = bench_fidelity.run_flide
+
+    def failing(path, sets, dtype, device, timings=None, label="flide", **engine_args):
+        if engine_args.get("gdn_rule_dtype"):
+            raise RuntimeError("out of resource: shared memory")
+        return plain(path, sets, dtype, device, timings, label, **engine_args)
+
+    monkeypatch.setattr(bench_fidelity, "run_flide", failing)
+    out = tmp_path / "failed"
+    run = main_in_process(bench_fidelity.main, *TINY, "--checkpoint-dir", checkpoints, "--sets", "race",
+                          "--gdn-rule-dtype", "float32", "--out", str(out))
+    assert run.returncode == 0, run.stderr[-2000:]
+    results = json.loads((out / "fidelity.json").read_text())
+    assert set(results["sets"]["race"]["engines"]) == {"flide", "transformers_bfloat16"}
+    assert results["settings"]["errors"] == {"flide_gdn_float32": "RuntimeError: out of resource: shared memory"}
+    assert set(results["settings"]["flide_seconds"]) == {"flide"}
+    assert "flide_gdn_float32 failed, left out of the table" in (out / "fidelity.md").read_text()
+
+
+@pytest.mark.parametrize("spec", ["quality", "quality=0", "nosuch=3", "quality=x"])
+def test_bench_fidelity_refuses_a_bad_set_requests_in_one_line(spec):
+    run = main_in_process(bench_fidelity.main, "--set-requests", spec)
+    assert run.returncode == 2 and "--set-requests" in run.stderr and "SET=N" in run.stderr
