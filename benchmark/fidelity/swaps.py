@@ -29,6 +29,7 @@ import flide_ext.layers.attention as attention_layer
 import flide_ext.layers.gated_deltanet as gdn_layer
 import flide_ext.layers.linear as linear_layer
 import flide_ext.layers.mlp as mlp_layer
+import flide_ext.layers.readout as readout_layer
 import flide_ext.models.base as model_base
 from flide_ext.kernels.causal_conv1d import causal_conv1d, causal_conv1d_tree
 from flide_ext.kernels.fork_attention import fork_attention
@@ -54,7 +55,7 @@ SWAPS = {
     "attention_out": ("storage", "attention (its kernel swap too), output and sigmoid gate into o_proj"),
     "gdn_out": ("storage", "GDN rule (its kernel swap too), output and gated norm into out_proj"),
     "mlp_out": ("storage", "SiLU(gate) * up (its kernel swap too) into down_proj"),
-    "lm_head": ("storage", "final norm output and the logits"),
+    "lm_head": ("storage", "final norm output into the LM head (its float32 logits are the readout's as is)"),
 }
 DECODER_NORMS = ("input_layernorm", "post_attention_layernorm")
 
@@ -120,13 +121,6 @@ def _final_norm(module, on: set):
     return forward
 
 
-def _lm_head(module):
-    def forward(x):
-        return F.linear(x.float(), module.weight.float())
-
-    return forward
-
-
 def _gated_norm(module, on: set):
     # GatedRMSNorm(o, z): in float32 from its inputs; its output rounded unless gdn_out.
     def forward(x, z):
@@ -165,8 +159,6 @@ def swapped(model, names: Iterable[str]):
             p.attr(module, "forward", _decoder_norm(module, on))
         elif name == "model.norm" and ({"residual", "lm_head", "norms"} & on):
             p.attr(module, "forward", _final_norm(module, on))
-        elif name == "lm_head" and "lm_head" in on:
-            p.attr(module, "forward", _lm_head(module))
         elif leaf == "norm" and ".linear_attn" in f".{name}" and ({"gdn_out", "norms"} & on):
             p.attr(module, "forward", _gated_norm(module, on))
         elif leaf in ("q_norm", "k_norm") and "norms" in on:
@@ -229,7 +221,7 @@ def swapped(model, names: Iterable[str]):
         p.attr(mlp_layer, "silu_mul", act)
     if "log_softmax" in on:
         def readout(hidden, rows, norm, lm_head):
-            logits = lm_head(norm(hidden.index_select(0, rows)))
+            logits = readout_layer.lm_head_logits(norm(hidden.index_select(0, rows)), lm_head.weight)
             return torch.log_softmax(logits.double(), dim=-1).float()
 
         p.attr(model_base, "readout_logprobs", readout)

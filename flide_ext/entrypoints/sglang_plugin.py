@@ -11,7 +11,8 @@ dtype, device, API key, random seed, context length, served model name,
 (the state cache's budget, :mod:`flide_ext.server.cache_args`),
 ``--enable-deterministic-inference`` (Flide's deterministic mode,
 :mod:`flide_ext.runtime.determinism`), ``--enable-cache-report`` (accepted: Flide
-always reports cached tokens), ``--watchdog-timeout`` (a round's time limit) and ``--max-queued-requests``
+always reports cached tokens), ``--enable-fp32-lm-head`` (accepted: Flide's readout
+logits are always float32, :mod:`flide_ext.layers.readout`), ``--watchdog-timeout`` (a round's time limit) and ``--max-queued-requests``
 (requests sent to the scheduler and not yet answered). ``--state-cache-gb``,
 ``--max-body-mb``, ``--body-read-timeout``, ``--request-timeout``,
 ``--heartbeat-timeout`` and ``--round-seconds`` (Flide's own) are added to
@@ -34,8 +35,9 @@ MAPPED = {
     "enable_deterministic_inference",
 }
 # Accepted without effect: every response's usage reports its cached tokens,
-# with or without --enable-cache-report.
-ACCEPTED = {"enable_cache_report"}
+# with or without --enable-cache-report; the readout's logits are float32 with or
+# without --enable-fp32-lm-head.
+ACCEPTED = {"enable_cache_report", "enable_fp32_lm_head"}
 
 
 def _add_flag(result, parser: argparse.ArgumentParser):

@@ -1,9 +1,39 @@
-"""Selective readout: the final norm and LM head run only on readout rows."""
+"""Selective readout: the final norm and LM head run only on readout rows, the
+logits kept in float32 (a bf16 logit of magnitude 32-64 is rounded by up to
+0.125, which moves a label's probability more than the rest of a bf16 forward
+does; SGLang's ``--enable-fp32-lm-head`` keeps them for the same reason)."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from .linear import linear
+
+
+def lm_head_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` with the products accumulated in float32 or wider and the
+    result not rounded back to the model's dtype.
+
+    Args:
+        x: ``[R, hidden]`` normalised hidden states (the model's dtype).
+        weight: ``[vocab, hidden]`` the LM head's weight.
+
+    Returns:
+        ``[R, vocab]`` float32 logits. On CUDA a bf16 / fp16 GEMM with a float32
+        output (``torch.mm(..., out_dtype=torch.float32)``, which deterministic
+        mode's batch-invariant kernels also serve); on CPU a float64 GEMM rounded
+        once to float32, whose value does not depend on the number of rows
+        (:mod:`flide_ext.layers.linear`).
+    """
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return linear(x, weight)
+    if x.is_cuda and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16):
+        return torch.mm(x, weight.t(), out_dtype=torch.float32)
+    if x.device.type == "cpu":
+        return F.linear(x.double(), weight.double()).float()
+    return F.linear(x.float(), weight.float())
 
 
 def readout_logprobs(
@@ -15,10 +45,15 @@ def readout_logprobs(
         hidden: ``[T, hidden]`` last-layer hidden states of the stream.
         rows: ``[R]`` int64 stream rows to read (each question's last prompt token).
         norm: the model's final norm.
-        lm_head: the model's output projection (``[vocab, hidden]`` weight).
+        lm_head: the model's output projection (``[vocab, hidden]`` weight, no bias).
 
     Returns:
-        ``[R, vocab]`` float32 log-softmax of the logits.
+        ``[R, vocab]`` float32 log-softmax of the float32 logits (:func:`lm_head_logits`).
+
+    Raises:
+        ValueError: ``lm_head`` has a bias.
     """
-    logits = lm_head(norm(hidden.index_select(0, rows)))
-    return torch.log_softmax(logits.float(), dim=-1)
+    if lm_head.bias is not None:
+        raise ValueError("the readout's LM head has no bias in the models Flide serves; this one has")
+    logits = lm_head_logits(norm(hidden.index_select(0, rows)), lm_head.weight)
+    return torch.log_softmax(logits, dim=-1)

@@ -180,14 +180,15 @@ def test_liveness_and_queue_flags_reach_the_server():
 
 def test_deterministic_flag_reaches_the_engine():
     """--enable-deterministic-inference is Flide's deterministic mode (off by
-    default); --enable-cache-report is accepted (usage always reports cached tokens)."""
+    default); --enable-cache-report and --enable-fp32-lm-head are accepted (usage
+    always reports cached tokens, the readout's logits are always float32)."""
     from flide_ext.entrypoints.cli import build_parser
     from flide_ext.entrypoints.sglang_plugin import _add_flag, refused_flags, serve_args
 
     parser = _sglang_parser()
     _add_flag(None, parser)
     on = parser.parse_args(["--model-path", "m", "--device", "cpu", "--enable-deterministic-inference",
-                            "--enable-cache-report"])
+                            "--enable-cache-report", "--enable-fp32-lm-head"])
     assert refused_flags(on) == [] and serve_args(on).enable_deterministic_inference is True
     assert serve_args(parser.parse_args(["--model-path", "m", "--device", "cpu"])).enable_deterministic_inference is False
     flide = build_parser().parse_args(["serve", "--model-path", "m", "--enable-deterministic-inference"])
