@@ -31,7 +31,7 @@ random-weight shape (``tiny-qwen3.5``, ``qwen3.5-0.8b`` ... written once into
 question's TV per engine, the summaries), ``fidelity.md`` (the table and the
 command) and ``fidelity.png``. Each engine's answers are kept per set in
 ``answers.json`` there as they come, and a rerun with the same settings resumes
-from them. A ``--gdn-rule-dtype`` engine that fails is recorded, not fatal. On
+from them. A candidate engine (``--gdn-rule-dtype``, ``--residual-dtype``) that fails is recorded, not fatal. On
 CUDA, fla-core is pointed at Flide's shipped kernel configurations before anything
 imports it. Exit status 0; 2 with one line on bad arguments.
 """
@@ -258,13 +258,17 @@ def evaluate(args) -> dict:
     for name, label, torch_gdn in transformers_baselines(path, args.dtype):
         kept.run(name, sets, lambda todo, label=label, torch_gdn=torch_gdn: run_transformers(
             path, todo, dtype, device, torch_gdn, label))
+    candidates = []
     if hybrid and args.gdn_rule_dtype:
-        # A candidate, run last: its failure (a kernel that cannot take the dtype)
-        # is recorded, and every other engine's answers still make the table.
-        label = f"flide_gdn_{args.gdn_rule_dtype}"
+        candidates.append((f"flide_gdn_{args.gdn_rule_dtype}", {"gdn_rule_dtype": args.gdn_rule_dtype}))
+    if args.residual_dtype:
+        candidates.append((f"flide_residual_{args.residual_dtype}", {"residual_dtype": args.residual_dtype}))
+    for label, engine_args in candidates:
+        # Candidates run last: a failure (a kernel that cannot take the dtype) is
+        # recorded, and every other engine's answers still make the table.
         try:
-            kept.run(label, sets, lambda todo: run_flide(path, todo, dtype, device, timings, label,
-                                                         gdn_rule_dtype=args.gdn_rule_dtype))
+            kept.run(label, sets, lambda todo, label=label, engine_args=engine_args: run_flide(
+                path, todo, dtype, device, timings, label, **engine_args))
         except Exception as e:  # noqa: BLE001
             errors[label] = f"{type(e).__name__}: {e}"[:500]
             print(f"bench_fidelity: {label} failed: {errors[label]}", file=sys.stderr)
@@ -289,6 +293,7 @@ def evaluate(args) -> dict:
                            "sets": args.sets, "requests": args.requests, "scale": args.scale, "seed": args.seed,
                            "head_scale": args.head_scale, "servers": servers,
                            "set_requests": args.set_requests, "gdn_rule_dtype": args.gdn_rule_dtype,
+                           "residual_dtype": args.residual_dtype,
                            "flide_seconds": {e: t for e, t in timings.items() if e in answers},
                            "fla_configs": fla_configs, "errors": errors,
                            "transformers_gdn": reference.gdn_implementation() if hybrid else None,
@@ -323,6 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--gdn-rule-dtype", choices=["float32"], default=None,
                    help="hybrid models: also run Flide with its gated delta rule in this dtype")
+    p.add_argument("--residual-dtype", choices=["model"], default=None,
+                   help="also run Flide with its residual stream in this dtype (model: the model's, as a plain "
+                   "forward; Flide's default is float32)")
     p.add_argument("--server", action="append", default=[], help="NAME=URL of a /v1/score server (repeatable)")
     p.add_argument("--out", help="directory for fidelity.json, .md and .png")
     return p

@@ -8,9 +8,7 @@ as it is, then once per swap, then with all kernel swaps, all storage swaps and
 all swaps at once. Per run: mean / p99 TV to float32, argmax agreement, and the
 swap's **share**: the fraction of the as-is mean TV it removes. Beside them, as
 lines to read the shares against: transformers in ``--dtype`` on the same prompts
-(the GDN kernels it picks, and its own PyTorch GDN recurrence when those differ). ``--layers`` also
-runs the storage swaps of one layer range at a time (the residual stream and
-norm outputs of those layers' blocks).
+(the GDN kernels it picks, and its own PyTorch GDN recurrence when those differ).
 
 Usage::
 

@@ -11,7 +11,8 @@ Two kinds (names in :data:`SWAPS`):
   stored in bf16, and its consumers read it unrounded (a GEMM then multiplies a
   float32 input by its bf16 weights in float32).
 
-The float32 versions are the kernels' PyTorch references (float32 or float64
+The residual stream is float32 in Flide itself (``residual_dtype``), so it has
+no swap. The float32 versions are the kernels' PyTorch references (float32 or float64
 inside), so a swap's result is the arithmetic's, not another kernel's. Swaps are
 installed by :func:`swapped` on a model built by Flide's engine, which must run
 eagerly (no CUDA graphs: a captured graph would not see them).
@@ -50,7 +51,6 @@ SWAPS = {
     "norms": ("kernel", "every RMSNorm (outputs rounded)"),
     "mlp_act": ("kernel", "SiLU(gate) * up (output rounded)"),
     "log_softmax": ("kernel", "the readout's log-softmax in float64"),
-    "residual": ("storage", "the residual stream (every block's sum)"),
     "norm_outputs": ("storage", "decoder norms' outputs into their GEMMs"),
     "attention_out": ("storage", "attention (its kernel swap too), output and sigmoid gate into o_proj"),
     "gdn_out": ("storage", "GDN rule (its kernel swap too), output and gated norm into out_proj"),
@@ -100,7 +100,7 @@ def _decoder_norm(module, on: set):
     mode = "offset" if type(module).__name__ == "ZeroCenteredRMSNorm" else "cast"
 
     def forward(x, residual=None):
-        total = x if residual is None else (x.float() + residual.float() if "residual" in on else x + residual)
+        total = x if residual is None else x + residual
         if "norms" in on or "norm_outputs" in on or total.dtype != x.dtype:
             normed = rms_norm_ref(total.float(), module.weight, module.eps, mode)
             if "norm_outputs" not in on:
@@ -155,9 +155,9 @@ def swapped(model, names: Iterable[str]):
     modules = dict(model.named_modules())
     for name, module in modules.items():
         leaf = name.rsplit(".", 1)[-1]
-        if leaf in DECODER_NORMS and ({"residual", "norm_outputs", "norms"} & on):
+        if leaf in DECODER_NORMS and ({"norm_outputs", "norms"} & on):
             p.attr(module, "forward", _decoder_norm(module, on))
-        elif name == "model.norm" and ({"residual", "lm_head", "norms"} & on):
+        elif name == "model.norm" and "norms" in on:
             p.attr(module, "forward", _final_norm(module, on))
         elif leaf == "norm" and ".linear_attn" in f".{name}" and ({"gdn_out", "norms"} & on):
             p.attr(module, "forward", _gated_norm(module, on))
@@ -219,10 +219,15 @@ def swapped(model, names: Iterable[str]):
             return out if keep else out.to(gate_.dtype)
 
         p.attr(mlp_layer, "silu_mul", act)
-    if "log_softmax" in on:
+    if "log_softmax" in on or "lm_head" in on:
         def readout(hidden, rows, norm, lm_head):
-            logits = readout_layer.lm_head_logits(norm(hidden.index_select(0, rows)), lm_head.weight)
-            return torch.log_softmax(logits.double(), dim=-1).float()
+            normed = norm(hidden.index_select(0, rows))
+            if "lm_head" not in on:
+                normed = normed.to(lm_head.weight.dtype)
+            logits = readout_layer.lm_head_logits(normed, lm_head.weight)
+            if "log_softmax" in on:
+                return torch.log_softmax(logits.double(), dim=-1).float()
+            return torch.log_softmax(logits, dim=-1)
 
         p.attr(model_base, "readout_logprobs", readout)
     try:

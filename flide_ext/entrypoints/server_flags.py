@@ -28,6 +28,9 @@ def _flags():
         ("--heartbeat-timeout", "S", float,
          "a scheduler silent for S seconds (stopped or hung) takes the server down, every request answered 503 "
          f"(default: {served.heartbeat_timeout:g})"),
+        ("--residual-dtype", "DTYPE", None,
+         "the residual stream's dtype in a bf16 / fp16 model: float32 (the default: no block's sum rounded) or "
+         "model (the model's dtype, as a plain half-precision forward)"),
         ("--round-seconds", "S", float,
          "hold each round to about S seconds, from past rounds' seconds per stream token; the first waiting "
          f"request always goes (default: {served.round_seconds:g})"),

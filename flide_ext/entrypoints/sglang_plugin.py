@@ -32,7 +32,7 @@ MAPPED = {
     "disable_cuda_graph", "disable_radix_cache", "mem_fraction_static", "state_cache_gb",
     "log_level", "log_level_http", "max_body_mb", "body_read_timeout",
     "watchdog_timeout", "max_queued_requests", "request_timeout", "heartbeat_timeout", "round_seconds",
-    "enable_deterministic_inference",
+    "enable_deterministic_inference", "residual_dtype",
 }
 # Accepted without effect: every response's usage reports its cached tokens,
 # with or without --enable-cache-report; the readout's logits are float32 with or
@@ -123,7 +123,7 @@ def _liveness(args: argparse.Namespace) -> dict:
     # SGLang's --watchdog-timeout (its default included) and --max-queued-requests,
     # and Flide's own liveness flags when given (ServeArgs holds their defaults).
     out = {"watchdog_timeout": args.watchdog_timeout, "max_queued_requests": args.max_queued_requests}
-    for name in ("request_timeout", "heartbeat_timeout", "round_seconds"):
+    for name in ("request_timeout", "heartbeat_timeout", "round_seconds", "residual_dtype"):
         if getattr(args, name, None) is not None:
             out[name] = getattr(args, name)
     return out

@@ -22,6 +22,8 @@ class ForwardContext:
             that attention layers write the stream's K/V to (at
             ``plan.stream_rows``) and read every key from (through
             ``plan.kv_index``), or None: keys are the stream's own.
+        residual_dtype: the residual stream's dtype (the first block's input
+            is converted to it); None: the activations'.
     """
 
     plan: FlatPlan
@@ -29,3 +31,4 @@ class ForwardContext:
     sin: torch.Tensor
     state_pool: Optional[object] = None
     kv_pool: Optional[object] = None
+    residual_dtype: Optional[torch.dtype] = None

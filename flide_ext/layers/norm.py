@@ -16,8 +16,9 @@ class RMSNorm(KernelModule):
     to the input dtype before the weight, as Llama and Qwen3 checkpoints expect.
 
     Input ``[..., hidden]`` of any float dtype; output the same shape and dtype.
-    Given ``residual`` (like ``x``), normalises ``x + residual`` in the same
-    launch and returns ``(normalised, x + residual)``.
+    Given ``residual`` (like ``x``, in its dtype or float32), normalises ``x +
+    residual`` in the same launch and returns ``(normalised, x + residual)``, the
+    sum in the residual's dtype.
     """
 
     def __init__(self, hidden_size: int, eps: float):
@@ -34,8 +35,8 @@ class ZeroCenteredRMSNorm(KernelModule):
     dtype at the end (Qwen3.5 / Qwen3-Next; weights stored as offsets from 1).
 
     Input ``[..., hidden]``; output the same shape and dtype. Given ``residual``
-    (like ``x``), normalises ``x + residual`` in the same launch and returns
-    ``(normalised, x + residual)``.
+    (like ``x``, in its dtype or float32), normalises ``x + residual`` in the same
+    launch and returns ``(normalised, x + residual)``, the sum in the residual's dtype.
     """
 
     def __init__(self, hidden_size: int, eps: float):

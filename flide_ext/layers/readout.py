@@ -42,7 +42,8 @@ def readout_logprobs(
     """Full-vocabulary log-probabilities at the readout rows.
 
     Args:
-        hidden: ``[T, hidden]`` last-layer hidden states of the stream.
+        hidden: ``[T, hidden]`` last-layer hidden states of the stream (the
+            residual stream's dtype: float32 beside a bf16 model's weights).
         rows: ``[R]`` int64 stream rows to read (each question's last prompt token).
         norm: the model's final norm.
         lm_head: the model's output projection (``[vocab, hidden]`` weight, no bias).
@@ -55,5 +56,8 @@ def readout_logprobs(
     """
     if lm_head.bias is not None:
         raise ValueError("the readout's LM head has no bias in the models Flide serves; this one has")
-    logits = lm_head_logits(norm(hidden.index_select(0, rows)), lm_head.weight)
+    # The final norm computes in float32 whatever its input; its output is
+    # rounded once, to the LM head's dtype, as every other GEMM input is.
+    normed = norm(hidden.index_select(0, rows)).to(lm_head.weight.dtype)
+    logits = lm_head_logits(normed, lm_head.weight)
     return torch.log_softmax(logits, dim=-1)

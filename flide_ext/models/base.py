@@ -17,6 +17,10 @@ from ..layers.readout import readout_logprobs
 from ..layers.rotary import RotaryEmbedding
 
 
+#: Default residual stream dtype of every model (None: the activations').
+RESIDUAL_DTYPE: Optional[torch.dtype] = torch.float32
+
+
 class ForwardCancelled(Exception):
     """A forward stopped between two layers because its ``cancelled()`` said so.
 
@@ -42,13 +46,17 @@ def pre_norm_block(x: torch.Tensor, residual: Optional[torch.Tensor], ctx, input
         x: ``[T, hidden]`` the last block's output (the embeddings, with
             ``residual`` None).
         residual: ``[T, hidden]`` the residual stream before this block, or None.
-        ctx: the ForwardContext the mixer reads.
+        ctx: the ForwardContext the mixer reads (its ``residual_dtype``: the
+            stream's dtype the embeddings start it in).
         input_norm, mixer, post_norm, mlp: the block's modules (``mixer(h, ctx)``).
 
     Returns:
         ``(output, residual)``, whose sum is the block's hidden state.
     """
-    h, residual = (input_norm(x), x) if residual is None else input_norm(x, residual)
+    if residual is None:
+        h, residual = input_norm(x), x.to(ctx.residual_dtype or x.dtype)
+    else:
+        h, residual = input_norm(x, residual)
     h, residual = post_norm(mixer(h, ctx), residual)
     return mlp(h), residual
 
@@ -71,6 +79,9 @@ class FlatCausalLM(nn.Module):
     selective_readout = True
     #: The kernel backend every layer's calls pass (:meth:`set_kernel_backend`).
     kernel_backend: Optional[str] = None
+    #: The residual stream's dtype when it is wider than the activations'
+    #: (:meth:`set_residual_dtype`).
+    residual_dtype: Optional[torch.dtype] = RESIDUAL_DTYPE
 
     def __init__(self, config):
         super().__init__()
@@ -104,6 +115,27 @@ class FlatCausalLM(nn.Module):
             if isinstance(module, GatedDeltaNet):
                 module.rule_dtype = dtype
 
+    def set_residual_dtype(self, dtype: Optional[torch.dtype]) -> None:
+        """Keep the residual stream (the running sum of the blocks' outputs) in
+        ``dtype`` when it is wider than the activations' dtype; None: in the
+        activations' dtype, as a plain half-precision forward.
+
+        A bf16 stream rounds every block's sum (a ulp of 2^-8 relative, at the
+        stream's largest magnitudes); float32 rounds none of them, as serving
+        engines keep reductions in float32. The sum is per row, so it keeps a
+        question's bits independent of its round.
+
+        Raises:
+            ValueError: a dtype other than None or float32.
+        """
+        if dtype not in (None, torch.float32):
+            raise ValueError(f"the residual stream dtype must be float32 (or None: the activations'), not {dtype}")
+        self.residual_dtype = dtype
+
+    def stream_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The residual stream's dtype beside activations of ``dtype``."""
+        return dtype if self.residual_dtype is None else torch.promote_types(dtype, self.residual_dtype)
+
     @property
     def tied_weights(self) -> dict[str, str]:
         """Parameters that checkpoints may omit because they share another's tensor."""
@@ -116,7 +148,8 @@ class FlatCausalLM(nn.Module):
         return name
 
     def hidden_states(self, ctx: ForwardContext, cancelled: Optional[Callable[[], bool]] = None) -> torch.Tensor:
-        """Last-layer hidden states ``[T, hidden]`` (before the final norm).
+        """Last-layer hidden states ``[T, hidden]`` (before the final norm), in the
+        residual stream's dtype (:meth:`stream_dtype`).
 
         Raises:
             ForwardCancelled: ``cancelled()`` was true before a layer (it is asked
@@ -163,7 +196,7 @@ class FlatCausalLM(nn.Module):
         """
         dtype = self.model.embed_tokens.weight.dtype
         cos, sin = self.rotary.cos_sin(plan.positions, dtype)
-        ctx = ForwardContext(plan, cos, sin, state_pool, kv_pool)
+        ctx = ForwardContext(plan, cos, sin, state_pool, kv_pool, self.stream_dtype(dtype))
         h = self.hidden_states(ctx, cancelled)
         if not self.selective_readout:
             return self._full_readout(h, plan.readout_rows)

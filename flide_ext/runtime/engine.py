@@ -84,10 +84,13 @@ class Engine:
         gdn_rule_dtype: the dtype hybrid models' GDN layers run the gated delta
             rule in (``"float32"`` in a bf16 model keeps its chunk states and WY
             factors in float32); None: ``dtype``.
+        residual_dtype: ``"float32"`` keeps the residual stream in float32 in a
+            bf16 / fp16 model, ``"model"`` in its dtype; None: the model's own
+            (float32: :data:`flide_ext.models.base.RESIDUAL_DTYPE`).
 
     Raises:
         ModelLoadError: the model cannot be found or loaded, or the device does not exist.
-        ValueError: an unknown dtype, or a context length below 1.
+        ValueError: an unknown dtype or residual dtype, or a context length below 1.
 
     One engine serves one round at a time; calls from several threads wait for
     each other.
@@ -108,6 +111,7 @@ class Engine:
         graph_capacities: Optional[Sequence[GraphCapacity]] = None,
         deterministic: bool = False,
         gdn_rule_dtype: Union[str, torch.dtype, None] = None,
+        residual_dtype: Optional[str] = None,
     ):
         dtype = parse_dtype(dtype)
         if context_length is not None and context_length < 1:
@@ -117,7 +121,8 @@ class Engine:
         self.round_capacity = round_capacity or RoundCapacity()
         self.runner = ModelRunner(model_path, dtype, device, self.round_capacity,
                                   state_cache_bytes if radix_cache else 0, model, cuda_graphs, graph_capacities,
-                                  deterministic, None if gdn_rule_dtype is None else parse_dtype(gdn_rule_dtype))
+                                  deterministic, None if gdn_rule_dtype is None else parse_dtype(gdn_rule_dtype),
+                                  residual_dtype)
         self.deterministic = deterministic
         self.state_cache_bytes = self.runner.state_cache_bytes
         self.dtype, self.device = dtype, self.runner.device

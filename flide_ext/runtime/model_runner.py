@@ -23,6 +23,7 @@ from .determinism import enable_deterministic
 from .graph_capacities import GraphCapacity, default_capacities
 from .graph_runner import MODES, GraphRunner
 from .kv_pool import KVPool
+from .precision import parse_residual_dtype
 from .state_pool import StatePool
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -117,6 +118,9 @@ class ModelRunner:
             ``self.deterministic`` then says what it did (None: off).
         gdn_rule_dtype: the dtype GDN layers run their gated delta rule in (None:
             ``dtype``; :meth:`~flide_ext.models.base.FlatCausalLM.set_gdn_rule_dtype`).
+        residual_dtype: ``"float32"`` or ``"model"`` (:func:`~.precision.parse_residual_dtype`;
+            :meth:`~flide_ext.models.base.FlatCausalLM.set_residual_dtype`); None
+            keeps the model's (by default float32).
 
     The kernel backend is decided here, once: the references when
     ``FLIDE_REFERENCE_KERNELS`` is set, else by device for a loaded model, and
@@ -142,8 +146,10 @@ class ModelRunner:
         graph_capacities: Optional[Sequence[GraphCapacity]] = None,
         deterministic: bool = False,
         gdn_rule_dtype: Optional[torch.dtype] = None,
+        residual_dtype: Optional[str] = None,
     ):
         self.device = check_device(device)
+        residual = None if residual_dtype is None else parse_residual_dtype(residual_dtype)
         on_gpu = self.device.type == "cuda"
         cuda_graphs = cuda_graphs or ("flat" if on_gpu else "off")
         if cuda_graphs not in MODES:
@@ -171,6 +177,8 @@ class ModelRunner:
         if model is None or backend is not None:
             self.model.set_kernel_backend(backend)
         self.model.set_gdn_rule_dtype(gdn_rule_dtype)
+        if residual_dtype is not None:
+            self.model.set_residual_dtype(residual)
         self.config = self.model.config  # the text part, for multimodal checkpoints
         self.vocab_size = int(self.config.vocab_size)
         self.state_pool = self.kv_pool = None

@@ -29,6 +29,7 @@ from typing import Optional, Union
 
 from ..protocol.errors import FlideError
 from ..runtime.capacity import RoundCapacity
+from ..runtime.precision import RESIDUAL_DTYPES
 from .body_limits import BODY_READ_TIMEOUT_S, MAX_BODY_MB, body_limits
 
 _ROUND = RoundCapacity()  # the round-capacity defaults
@@ -75,6 +76,7 @@ class ServeArgs:
     heartbeat_timeout: float = 30.0  # seconds without a scheduler heartbeat before it counts as stopped
     round_seconds: float = 1.0  # a round's time budget: its tokens capped by past rounds' seconds per token
     enable_deterministic_inference: bool = False  # SGLang's: batch-invariant kernels (runtime/determinism.py)
+    residual_dtype: Optional[str] = None  # "float32" or "model"; None: the model's own (float32)
 
 
 def serve(args: ServeArgs) -> None:
@@ -89,8 +91,8 @@ def serve(args: ServeArgs) -> None:
             1; an unknown log level; an unknown CUDA-graph mode, graphs on a CPU device, or a malformed
             graph capacity list; a bad state-cache flag (:func:`~.cache_args.cache_settings`); a body
             limit that is not a positive number (:func:`~.body_limits.body_limits`); a liveness or
-            queue flag that is not a positive finite number (:func:`_limits`); a port outside
-            [0, 65535].
+            queue flag that is not a positive finite number (:func:`_limits`); an unknown
+            residual dtype; a port outside [0, 65535].
         SchedulerFailed: the scheduler failed while serving.
     """
     from .cache_args import cache_settings
@@ -106,6 +108,8 @@ def serve(args: ServeArgs) -> None:
     cache, fraction = cache_settings(args.disable_radix_cache, args.state_cache_gb, args.mem_fraction_static,
                                      args.device)
     limits = _limits(args)
+    if args.residual_dtype not in (None, *RESIDUAL_DTYPES):
+        raise FlideError(f"--residual-dtype must be one of {', '.join(RESIDUAL_DTYPES)}, not {args.residual_dtype!r}")
     if not isinstance(args.port, int) or not 0 <= args.port <= 65535:  # uvicorn would wrap it, and log the flag's
         raise FlideError(f"--port must be an integer in [0, 65535], not {args.port!r}")
     limits["max_body_bytes"], limits["body_read_timeout"] = body_limits(args.max_body_mb, args.body_read_timeout)
@@ -134,7 +138,7 @@ def serve(args: ServeArgs) -> None:
     heartbeats.bind(addrs["heartbeat"])
     engine_kwargs = dict(model_path=path, dtype=args.dtype, device=args.device, context_length=args.context_length,
                          tokenizer_path=args.tokenizer_path, deterministic=args.enable_deterministic_inference,
-                         **graphs, **cache)
+                         residual_dtype=args.residual_dtype, **graphs, **cache)
     scheduler = multiprocessing.get_context("spawn").Process(
         target=run_scheduler, args=(engine_kwargs, addrs["work"], addrs["done"], capacity, fraction, log_level),
         kwargs=dict(heartbeat_addr=addrs["heartbeat"], abort_addr=addrs["abort"],

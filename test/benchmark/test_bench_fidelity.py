@@ -100,7 +100,7 @@ def test_swaps_change_nothing_outside_their_block_and_as_is_is_the_engine(checkp
         assert engine.run_rounds(groups).answers == before, name
     # The reference kernels CPU runs are float64 inside: those swaps change nothing here.
     assert not changed["gdn_rule"] and not changed["attention"]
-    assert changed["residual"] and changed["lm_head"] and changed["gdn_gate"]
+    assert changed["norm_outputs"] and changed["lm_head"] and changed["gdn_gate"]
     with pytest.raises(KeyError, match="unknown swaps"):
         with swapped(engine.runner.model, ["gemm"]):
             pass
@@ -109,17 +109,17 @@ def test_swaps_change_nothing_outside_their_block_and_as_is_is_the_engine(checkp
 def test_precision_sources_all_swaps_come_closer_to_float32(tmp_path, checkpoints):
     out = tmp_path / "sources"
     run = main_in_process(precision_sources.main, *TINY, "--checkpoint-dir", checkpoints, "--sets", "multirc",
-                          "--swaps", "residual", "lm_head", "norms", "--out", str(out))
+                          "--swaps", "norm_outputs", "lm_head", "norms", "--out", str(out))
     assert run.returncode == 0, run.stderr[-2000:]
     results = json.loads((out / "sources.json").read_text())
     rows = {r["run"]: r for r in results["runs"]}
-    assert list(rows) == ["as is", "residual", "lm_head", "norms", "all storage swaps", "all swaps",
+    assert list(rows) == ["as is", "norm_outputs", "lm_head", "norms", "all storage swaps", "all swaps",
                           "transformers bfloat16"]
     assert rows["as is"]["share"] == 0.0
     assert rows["all swaps"]["mean_tv"] < rows["as is"]["mean_tv"]
     for row in rows.values():
         assert row["share"] == pytest.approx((rows["as is"]["mean_tv"] - row["mean_tv"]) / rows["as is"]["mean_tv"])
-    assert "| residual | storage |" in (out / "sources.md").read_text() and (out / "sources.png").stat().st_size
+    assert "| norm_outputs | storage |" in (out / "sources.md").read_text() and (out / "sources.png").stat().st_size
     assert "| transformers bfloat16 | baseline |" in (out / "sources.md").read_text()
     # The baseline is transformers' own bf16 forward: the same answers bench_fidelity records for it.
     fidelity_out = tmp_path / "fidelity"

@@ -132,6 +132,13 @@ def test_serve_refuses_bad_body_limits_in_one_line(char_model_dir):
         assert flag in run.stderr and message in run.stderr, run.stderr
 
 
+def test_serve_refuses_an_unknown_residual_dtype_in_one_line(char_model_dir):
+    run = main_in_process(flide_main, "serve", "--model-path", str(char_model_dir), "--port", "0",
+                          "--residual-dtype", "bfloat16")
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert "--residual-dtype must be one of float32, model, not 'bfloat16'" in run.stderr, run.stderr
+
+
 def test_serve_refuses_a_port_uvicorn_would_wrap_in_one_line(char_model_dir):
     for port in ("99999", "-1"):
         run = main_in_process(flide_main, "serve", "--model-path", str(char_model_dir), "--port", port)

@@ -193,3 +193,18 @@ def test_deterministic_flag_reaches_the_engine():
     assert serve_args(parser.parse_args(["--model-path", "m", "--device", "cpu"])).enable_deterministic_inference is False
     flide = build_parser().parse_args(["serve", "--model-path", "m", "--enable-deterministic-inference"])
     assert flide.enable_deterministic_inference is True
+
+
+def test_residual_dtype_flag_reaches_the_server():
+    """Flide's --residual-dtype is added to SGLang's flags and to `flide serve`'s;
+    unset, the server leaves the model's own (float32)."""
+    from flide_ext.entrypoints.cli import build_parser
+    from flide_ext.entrypoints.sglang_plugin import _add_flag, refused_flags, serve_args
+
+    parser = _sglang_parser()
+    _add_flag(None, parser)
+    given = parser.parse_args(["--model-path", "m", "--device", "cpu", "--residual-dtype", "model"])
+    assert refused_flags(given) == [] and serve_args(given).residual_dtype == "model"
+    assert serve_args(parser.parse_args(["--model-path", "m", "--device", "cpu"])).residual_dtype is None
+    assert build_parser().parse_args(["serve", "--model-path", "m", "--residual-dtype", "float32"]).residual_dtype \
+        == "float32"

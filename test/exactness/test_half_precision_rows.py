@@ -54,3 +54,41 @@ def test_a_float32_gdn_rule_in_a_bf16_model_keeps_rows_invariant(tiny_dirs, monk
             assert x == pytest.approx(y, abs=0.05)
     with pytest.raises(ValueError, match="GDN rule dtype"):
         Engine(path, dtype="bfloat16", radix_cache=False, gdn_rule_dtype="float16")
+
+
+def test_a_float32_residual_stream_keeps_rows_invariant_and_comes_closer_to_float32(tiny_dirs, monkeypatch):
+    """A bf16 engine keeps its residual stream in float32 unless asked for the
+    model's dtype; either stream is per row, and the float32 one answers closer
+    to the float32 engine (mean |log-probability error| over every label)."""
+    import torch
+
+    import flide_ext.layers.norm as norm_layer
+
+    seen = set()
+    norm = norm_layer.rms_norm
+
+    def spy(x, *args, residual=None, **kwargs):
+        if residual is not None:
+            seen.add((x.dtype, residual.dtype))
+        return norm(x, *args, residual=residual, **kwargs)
+
+    monkeypatch.setattr(norm_layer, "rms_norm", spy)
+    rng = random.Random(3)
+    requests = [make_request(rng, rng.randint(40, 140), rng.randint(1, 6)) for _ in range(8)]
+    for family in ("qwen3_5", "llama", "qwen3_next"):
+        path = str(tiny_dirs[family])
+        reference = Engine(path, radix_cache=False).score_tokens_batch(requests)
+        errors = {}
+        for stream, dtype in (("float32", torch.float32), ("model", torch.bfloat16), (None, torch.float32)):
+            seen.clear()
+            engine = Engine(path, dtype="bfloat16", radix_cache=False, residual_dtype=stream)
+            answers = engine.score_tokens_batch(requests)
+            assert seen == {(torch.bfloat16, dtype)}, (family, stream, seen)
+            for request, answer in zip(requests[:3], answers):
+                assert engine.score_tokens(request).label_logprobs == answer.label_logprobs, (family, stream)
+            errors[stream] = [abs(p - q) for a, b in zip(answers, reference)
+                              for x, y in zip(a.label_logprobs, b.label_logprobs) for p, q in zip(x, y)]
+        assert errors[None] == errors["float32"], family  # float32 is the default
+        assert sum(errors["float32"]) < sum(errors["model"]), family
+    with pytest.raises(ValueError, match="residual dtype 'bfloat16' is not one of float32, model"):
+        Engine(str(tiny_dirs["llama"]), dtype="bfloat16", residual_dtype="bfloat16")

@@ -222,6 +222,27 @@ def test_residual_add_inside_the_norm(mode, dtype):
     assert torch.equal(c_y, y) and torch.equal(c_total, total)
 
 
+@pytest.mark.parametrize("mode", ["cast", "offset"])
+def test_float32_residual_stream_beside_bf16_rows(mode):
+    """A float32 residual beside bf16 rows: the sum stays float32 (no rounding),
+    the normalised output rounds as a bf16 row's."""
+    gen = torch.Generator().manual_seed(12)
+    x = (2 * torch.randn(7, 48, generator=gen)).to(torch.bfloat16)
+    res = 3 * torch.randn(7, 48, generator=gen)
+    w = (0.1 * torch.randn(48, generator=gen) + (mode == "cast")).to(torch.bfloat16)
+    y, total = rms_norm_ref(x, w, 1e-6, mode, residual=res)
+    assert total.dtype == torch.float32 and torch.equal(total, x.float() + res)
+    h = total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + 1e-6)
+    want = (h * (1 + w.float())).to(torch.bfloat16) if mode == "offset" else w * h.to(torch.bfloat16)
+    assert y.dtype == torch.bfloat16 and torch.equal(y, want)
+    assert not torch.equal(total, (x + res.to(torch.bfloat16)).float())  # a bf16 stream would round it
+    got_y, got_total = rms_norm_triton(x, w, 1e-6, mode, residual=res)
+    assert got_total.dtype == torch.float32 and torch.equal(got_total, total)  # one IEEE add
+    torch.testing.assert_close(got_y.float(), y.float(), rtol=2 ** -6, atol=2 ** -6)
+    with pytest.raises(ValueError, match="float32"):
+        rms_norm(x, w, 1e-6, mode, residual=res.half())
+
+
 def test_residual_refusals():
     x, w = torch.randn(3, 8), torch.ones(8)
     for fn in (partial(rms_norm, backend="reference"), partial(rms_norm, backend="triton")):

@@ -33,9 +33,9 @@ def _check(x, weight, mode, gate, residual=None) -> None:
     if residual is not None:
         if gate is not None:
             raise ValueError("rms_norm: a residual is not supported with a gate")
-        if residual.shape != x.shape or residual.dtype != x.dtype:
+        if residual.shape != x.shape or residual.dtype not in (x.dtype, torch.float32):
             raise ValueError(f"rms_norm residual {tuple(residual.shape)} {residual.dtype} differs from x's "
-                             f"{tuple(x.shape)} {x.dtype}")
+                             f"{tuple(x.shape)} {x.dtype} (a residual may be in x's dtype or float32)")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = "cast",
@@ -50,7 +50,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = "cas
 
     Raises:
         ValueError: an unknown mode, a gate with ``"offset"`` or with a residual,
-            shapes or dtypes that differ, a 0-dim ``x``.
+            shapes that differ, a residual neither in ``x.dtype`` nor float32,
+            a 0-dim ``x``.
     """
     _check(x, weight, mode, gate, residual)
     if (backend_for(x, backend) == "triton" and x.shape[-1] <= MAX_TRITON_WIDTH

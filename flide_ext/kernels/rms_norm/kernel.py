@@ -36,9 +36,10 @@ def _rms_norm_kernel(X, W, GATE, Y, RES, SUM, N, D, stride_x, stride_gate, strid
     mask = row_ok[:, None] & col_ok[None, :]
     x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:
-        # The residual stream's add, rounded to the input dtype as torch's add is.
+        # The residual stream's add, rounded to the stream's dtype as torch's add is
+        # (not at all for a float32 stream).
         r = tl.load(RES + rows[:, None] * stride_res + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        x = _round(x + r, X.dtype.element_ty)
+        x = _round(x + r, SUM.dtype.element_ty)
         tl.store(SUM + rows[:, None] * D + cols[None, :], x.to(SUM.dtype.element_ty), mask=mask)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
     h = x * rstd[:, None]
@@ -87,7 +88,7 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str
     promoted = torch.promote_types(weight.dtype, x.dtype)
     dtype = x.dtype if (mode == "offset" or gate is not None) else promoted
     y = torch.empty(x.shape, dtype=dtype, device=x.device)
-    total = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else None
+    total = torch.empty(x.shape, dtype=residual.dtype, device=x.device) if residual is not None else None
     if N == 0:
         return y if residual is None else (y, total)
     x_rows, stride_x = as_rows(x)

@@ -36,10 +36,11 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = 
         eps: added to the mean square.
         mode: ``"cast"`` or ``"offset"`` (module docstring).
         gate: ``[..., D]`` like ``x``, or None; only with ``"cast"``.
-        residual: ``[..., D]`` like ``x`` (shape and dtype), or None: the
-            pre-norm decoder's residual stream. Then the norm is of ``x +
-            residual`` (rounded to ``x.dtype``, as torch's add), which is also
-            returned, for the next layer.
+        residual: ``[..., D]`` like ``x`` in ``x.dtype`` or float32, or None:
+            the pre-norm decoder's residual stream. Then the norm is of ``x +
+            residual`` (in the residual's dtype, as torch's add: a float32
+            stream is never rounded to ``x.dtype``), which is also returned,
+            for the next layer; the normalised output rounds as for ``x``.
 
     Returns:
         ``[..., D]`` in ``x.dtype`` (``"cast"`` without gate: in the promotion
@@ -50,8 +51,13 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = 
     """
     if residual is not None:
         total = x + residual
-        return rms_norm_ref(total, weight, eps, mode), total
-    dtype = x.dtype
+        return _normalised(total, weight, eps, mode, None, x.dtype), total
+    return _normalised(x, weight, eps, mode, gate, x.dtype)
+
+
+def _normalised(x, weight, eps, mode, gate, dtype):
+    # ``dtype``: where the formulas round (the input's, or the block output's
+    # beside a float32 residual stream).
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     if mode == "offset":
