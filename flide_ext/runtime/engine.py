@@ -84,9 +84,8 @@ class Engine:
         gdn_rule_dtype: the dtype hybrid models' GDN layers run the gated delta
             rule in (``"float32"`` in a bf16 model keeps its chunk states and WY
             factors in float32); None: ``dtype``.
-        residual_dtype: ``"float32"`` keeps the residual stream in float32 in a
-            bf16 / fp16 model, ``"model"`` in its dtype; None: the model's own
-            (float32: :data:`flide_ext.models.base.RESIDUAL_DTYPE`).
+        residual_dtype: the residual stream's, ``"float32"`` or ``"model"`` (its
+            dtype); None: the model's own (:data:`~flide_ext.models.base.RESIDUAL_DTYPE`).
 
     Raises:
         ModelLoadError: the model cannot be found or loaded, or the device does not exist.
