@@ -69,6 +69,7 @@ class ServerInfo:
     max_body_bytes: int = body_limits(MAX_BODY_MB, BODY_READ_TIMEOUT_S)[0]
     body_read_timeout: float = BODY_READ_TIMEOUT_S  # seconds
     deterministic: bool = False  # --enable-deterministic-inference
+    residual_dtype: str = ""  # the residual stream's dtype in use (--residual-dtype)
 
 
 def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> FastAPI:
@@ -208,7 +209,7 @@ def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> 
                 "context_length": info.context_length, "vocab_size": info.vocab_size,
                 "disable_radix_cache": info.disable_radix_cache, "state_cache_bytes": info.state_cache_bytes,
                 "state_cache_max_tokens": info.state_cache_max_tokens,
-                "enable_deterministic_inference": info.deterministic}
+                "enable_deterministic_inference": info.deterministic, "residual_dtype": info.residual_dtype}
 
     @app.get("/v1/models")
     async def models():

@@ -199,7 +199,7 @@ def _http_server(args: ServeArgs, path: str, capacity: RoundCapacity, limits: di
     info = ServerInfo(path, args.served_model_name or args.model_path, ready.context_length, ready.vocab_size,
                       args.dtype, args.device, args.api_key, args.disable_radix_cache, stats.get("budget_bytes", 0),
                       stats.get("max_tokens", 0), limits["max_body_bytes"], limits["body_read_timeout"],
-                      args.enable_deterministic_inference)
+                      args.enable_deterministic_inference, ready.info.get("residual_dtype", ""))
     app = build_app(manager, info, metrics)
 
     class Server(uvicorn.Server):

@@ -106,7 +106,9 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
     clock = RoundClock()
     if heartbeat_addr is not None:
         start_heartbeat(context, heartbeat_addr, heartbeat_interval, clock)
-    info = {"path": str(engine.path), "cache": engine.cache_stats()}
+    stream = engine.runner.model.stream_dtype(engine.dtype)
+    info = {"path": str(engine.path), "cache": engine.cache_stats(),
+            "residual_dtype": str(stream).removeprefix("torch.")}
     # As SGLang's processes do after warmup (sglang.srt.utils.freeze_gc): the
     # model's and the graphs' objects leave the collector's generations, so a
     # full collection, whose pause holds up a round (an eager one's launches

@@ -44,6 +44,7 @@ def test_launch_server_decision_mode_answers_like_the_engine(char_model_dir, tmp
     proc = subprocess.Popen(
         launch("--decision-mode", "--model-path", str(char_model_dir), "--port", str(port), "--api-key", "k",
                "--context-length", "300", "--enable-deterministic-inference", "--watchdog-timeout", "1",
+               "--residual-dtype", "model",
                "--max-prefill-tokens", "262144"),
         stdout=open(log, "w"), stderr=subprocess.STDOUT, env=ENV,
     )
@@ -59,6 +60,7 @@ def test_launch_server_decision_mode_answers_like_the_engine(char_model_dir, tmp
         info = requests.get(f"{url}/server_info", headers={"Authorization": "Bearer k"}).json()
         assert info["decision_mode"] and info["context_length"] == 300 and info["device"] == "cpu"
         assert info["enable_deterministic_inference"] is True
+        assert info["residual_dtype"] == "float32"  # a float32 model's own dtype
         # 900 prompts of 290 tokens in one round: ~10 s on a slow two-core CPU, and
         # still seconds on a fast one (200 prompts ended inside 1 s on CI's).
         heavy = {"query": [], "items": np.random.default_rng(0).integers(3, 128, (900, 290)).tolist(),

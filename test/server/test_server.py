@@ -313,3 +313,4 @@ def test_flush_cache_and_cached_tokens(server):
     assert rescored["scores"] == scored["scores"]
     info = requests.get(f"{server}/server_info", headers=AUTH).json()
     assert info["disable_radix_cache"] is False and info["state_cache_bytes"] == 256 << 20  # the CPU default
+    assert info["residual_dtype"] == "float32"
