@@ -9,6 +9,8 @@ all swaps at once. Per run: mean / p99 TV to float32, argmax agreement, and the
 swap's **share**: the fraction of the as-is mean TV it removes. Beside them, as
 lines to read the shares against: transformers in ``--dtype`` on the same prompts
 (the GDN kernels it picks, and its own PyTorch GDN recurrence when those differ).
+``--residual-dtype model`` and ``--gdn-rule-dtype float32`` configure the engine
+diagnosed (here they are not extra engines, as in ``bench_fidelity.py``).
 
 Usage::
 
@@ -62,7 +64,8 @@ def evaluate(args) -> dict:
     reference = dict(bench_fidelity.run_transformers(path, sets, torch.float32, device, True, "float32 reference"))
     ref = [metrics.label_distribution(lp) for s in sets for lp in reference[s]]
     engine = Engine(str(path), dtype=bench_fidelity.DTYPES[args.dtype], device=device, radix_cache=False,
-                    cuda_graphs="off" if device.type == "cuda" else None)
+                    cuda_graphs="off" if device.type == "cuda" else None, gdn_rule_dtype=args.gdn_rule_dtype,
+                    residual_dtype=args.residual_dtype)
     model = engine.runner.model
     groups = [g for s in sets for g in sets[s]]
     names = args.swaps or list(SWAPS)
@@ -93,7 +96,8 @@ def evaluate(args) -> dict:
                 "sets": args.sets, "requests": args.requests, "scale": args.scale, "seed": args.seed,
                 "head_scale": args.head_scale, "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                 "kernel_backend": model.kernel_backend or ("triton" if device.type == "cuda" else "reference"),
-                "fla_configs": fla_configs}
+                "fla_configs": fla_configs, "gdn_rule_dtype": args.gdn_rule_dtype,
+                "residual_dtype": args.residual_dtype}
     return {"settings": settings, "runs": table, "swaps": {n: SWAPS[n] for n in names}}
 
 

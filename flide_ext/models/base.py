@@ -129,7 +129,7 @@ class FlatCausalLM(nn.Module):
             ValueError: a dtype other than None or float32.
         """
         if dtype not in (None, torch.float32):
-            raise ValueError(f"the residual stream dtype must be float32 (or None: the activations'), not {dtype}")
+            raise ValueError(f"the residual stream dtype must be float32 (or None: the activations'), not {dtype!r}")
         self.residual_dtype = dtype
 
     def stream_dtype(self, dtype: torch.dtype) -> torch.dtype:

@@ -85,7 +85,7 @@ class Engine:
             rule in (``"float32"`` in a bf16 model keeps its chunk states and WY
             factors in float32); None: ``dtype``.
         residual_dtype: the residual stream's, ``"float32"`` or ``"model"`` (its
-            dtype); None: the model's own (:data:`~flide_ext.models.base.RESIDUAL_DTYPE`).
+            dtype); None: :data:`~flide_ext.models.base.RESIDUAL_DTYPE` (float32).
 
     Raises:
         ModelLoadError: the model cannot be found or loaded, or the device does not exist.

@@ -15,6 +15,7 @@ import torch
 
 from ..assets.builtin_models import resolve_model_path
 from ..kernels.dispatch import environment_backend
+from ..models.base import RESIDUAL_DTYPE
 from ..models.loader import load_model
 from ..plan.flat import FlatPlan
 from ..protocol.errors import ModelLoadError
@@ -109,7 +110,9 @@ class ModelRunner:
         state_cache_bytes: memory of the state cache (K/V rows and GDN slots
             of cached states, :func:`cache_sizes`), 0 for no cache, None for
             :func:`default_cache_bytes`.
-        model: an already built Flide model to run instead of loading one.
+        model: an already built Flide model to run instead of loading one. The
+            runner sets its GDN rule and residual dtypes: runners sharing one
+            model share them (the last one built sets them).
         cuda_graphs: ``"flat"``, ``"per_shape"`` or ``"off"``
             (:mod:`~flide_ext.runtime.graph_runner`); default ``"flat"`` on CUDA.
         graph_capacities: the flat graphs' capacities (default
@@ -119,8 +122,8 @@ class ModelRunner:
         gdn_rule_dtype: the dtype GDN layers run their gated delta rule in (None:
             ``dtype``; :meth:`~flide_ext.models.base.FlatCausalLM.set_gdn_rule_dtype`).
         residual_dtype: ``"float32"`` or ``"model"`` (:func:`~.precision.parse_residual_dtype`;
-            :meth:`~flide_ext.models.base.FlatCausalLM.set_residual_dtype`); None
-            keeps the model's (by default float32).
+            :meth:`~flide_ext.models.base.FlatCausalLM.set_residual_dtype`); None:
+            :data:`~flide_ext.models.base.RESIDUAL_DTYPE` (float32).
 
     The kernel backend is decided here, once: the references when
     ``FLIDE_REFERENCE_KERNELS`` is set, else by device for a loaded model, and
@@ -177,8 +180,7 @@ class ModelRunner:
         if model is None or backend is not None:
             self.model.set_kernel_backend(backend)
         self.model.set_gdn_rule_dtype(gdn_rule_dtype)
-        if residual_dtype is not None:
-            self.model.set_residual_dtype(residual)
+        self.model.set_residual_dtype(RESIDUAL_DTYPE if residual_dtype is None else residual)
         self.config = self.model.config  # the text part, for multimodal checkpoints
         self.vocab_size = int(self.config.vocab_size)
         self.state_pool = self.kv_pool = None

@@ -76,7 +76,7 @@ class ServeArgs:
     heartbeat_timeout: float = 30.0  # seconds without a scheduler heartbeat before it counts as stopped
     round_seconds: float = 1.0  # a round's time budget: its tokens capped by past rounds' seconds per token
     enable_deterministic_inference: bool = False  # SGLang's: batch-invariant kernels (runtime/determinism.py)
-    residual_dtype: Optional[str] = None  # "float32" or "model"; None: the model's own (float32)
+    residual_dtype: Optional[str] = None  # "float32" or "model"; None: the engine's default (float32)
 
 
 def serve(args: ServeArgs) -> None:
@@ -98,6 +98,8 @@ def serve(args: ServeArgs) -> None:
     from .cache_args import cache_settings
 
     # The flags first, before the server's imports: a bad one is one quick line.
+    if args.residual_dtype not in (None, *RESIDUAL_DTYPES):
+        raise FlideError(f"--residual-dtype must be one of {', '.join(RESIDUAL_DTYPES)}, not {args.residual_dtype!r}")
     try:
         capacity = RoundCapacity(args.round_tokens, args.round_segments, args.max_round_requests)
     except ValueError as e:
@@ -108,8 +110,6 @@ def serve(args: ServeArgs) -> None:
     cache, fraction = cache_settings(args.disable_radix_cache, args.state_cache_gb, args.mem_fraction_static,
                                      args.device)
     limits = _limits(args)
-    if args.residual_dtype not in (None, *RESIDUAL_DTYPES):
-        raise FlideError(f"--residual-dtype must be one of {', '.join(RESIDUAL_DTYPES)}, not {args.residual_dtype!r}")
     if not isinstance(args.port, int) or not 0 <= args.port <= 65535:  # uvicorn would wrap it, and log the flag's
         raise FlideError(f"--port must be an integer in [0, 65535], not {args.port!r}")
     limits["max_body_bytes"], limits["body_read_timeout"] = body_limits(args.max_body_mb, args.body_read_timeout)

@@ -193,3 +193,18 @@ def test_bench_fidelity_records_a_failed_candidate_and_keeps_the_rest(tmp_path, 
 def test_bench_fidelity_refuses_a_bad_set_requests_in_one_line(spec):
     run = main_in_process(bench_fidelity.main, "--set-requests", spec)
     assert run.returncode == 2 and "--set-requests" in run.stderr and "SET=N" in run.stderr
+
+
+def test_precision_sources_diagnoses_the_engine_as_configured(tmp_path, checkpoints):
+    """--residual-dtype model configures the engine the diagnostic runs (its as-is
+    row is then the bf16-stream engine's answers) and is recorded."""
+    runs = {}
+    for extra in ([], ["--residual-dtype", "model"]):
+        out = tmp_path / ("model" if extra else "default")
+        run = main_in_process(precision_sources.main, *TINY, "--checkpoint-dir", checkpoints, "--sets", "multirc",
+                              "--swaps", "norms", *extra, "--out", str(out))
+        assert run.returncode == 0, run.stderr[-2000:]
+        runs[bool(extra)] = json.loads((out / "sources.json").read_text())
+    assert runs[True]["settings"]["residual_dtype"] == "model" and runs[False]["settings"]["residual_dtype"] is None
+    as_is = {k: next(r for r in v["runs"] if r["run"] == "as is")["tv"] for k, v in runs.items()}
+    assert as_is[True] != as_is[False]

@@ -92,3 +92,15 @@ def test_a_float32_residual_stream_keeps_rows_invariant_and_comes_closer_to_floa
         assert sum(errors["float32"]) < sum(errors["model"]), family
     with pytest.raises(ValueError, match="residual dtype 'bfloat16' is not one of float32, model"):
         Engine(str(tiny_dirs["llama"]), dtype="bfloat16", residual_dtype="bfloat16")
+    with pytest.raises(ValueError, match="residual dtype torch.bfloat16 is not one of"):
+        Engine(str(tiny_dirs["llama"]), dtype="bfloat16", residual_dtype=torch.bfloat16)
+    typed = Engine(str(tiny_dirs["llama"]), dtype="bfloat16", radix_cache=False, residual_dtype=torch.float32)
+    assert typed.runner.model.residual_dtype is torch.float32
+    # A model handed to a second engine takes that engine's setting, None included (the default).
+    model = typed.runner.model
+    Engine(str(tiny_dirs["llama"]), dtype="bfloat16", model=model, residual_dtype="model")
+    assert model.residual_dtype is None
+    Engine(str(tiny_dirs["llama"]), dtype="bfloat16", model=model)
+    assert model.residual_dtype is torch.float32
+    with pytest.raises(ValueError, match="not 'float32'"):
+        model.set_residual_dtype("float32")

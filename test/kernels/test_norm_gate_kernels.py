@@ -241,6 +241,8 @@ def test_float32_residual_stream_beside_bf16_rows(mode):
     torch.testing.assert_close(got_y.float(), y.float(), rtol=2 ** -6, atol=2 ** -6)
     with pytest.raises(ValueError, match="float32"):
         rms_norm(x, w, 1e-6, mode, residual=res.half())
+    with pytest.raises(ValueError, match="beside bf16 / fp16 rows"):  # not narrower than x
+        rms_norm(res.double(), w.double(), 1e-6, mode, residual=res)
 
 
 def test_residual_refusals():

@@ -33,9 +33,11 @@ def _check(x, weight, mode, gate, residual=None) -> None:
     if residual is not None:
         if gate is not None:
             raise ValueError("rms_norm: a residual is not supported with a gate")
-        if residual.shape != x.shape or residual.dtype not in (x.dtype, torch.float32):
+        wider = residual.dtype == torch.float32 and x.dtype in (torch.bfloat16, torch.float16)
+        if residual.shape != x.shape or not (residual.dtype == x.dtype or wider):
             raise ValueError(f"rms_norm residual {tuple(residual.shape)} {residual.dtype} differs from x's "
-                             f"{tuple(x.shape)} {x.dtype} (a residual may be in x's dtype or float32)")
+                             f"{tuple(x.shape)} {x.dtype} (a residual is in x's dtype, or float32 beside "
+                             "bf16 / fp16 rows)")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = "cast",
@@ -50,7 +52,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = "cas
 
     Raises:
         ValueError: an unknown mode, a gate with ``"offset"`` or with a residual,
-            shapes that differ, a residual neither in ``x.dtype`` nor float32,
+            shapes that differ, a residual neither in ``x.dtype`` nor float32
+            beside bf16 / fp16 ``x``,
             a 0-dim ``x``.
     """
     _check(x, weight, mode, gate, residual)

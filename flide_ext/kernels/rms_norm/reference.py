@@ -36,7 +36,8 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = 
         eps: added to the mean square.
         mode: ``"cast"`` or ``"offset"`` (module docstring).
         gate: ``[..., D]`` like ``x``, or None; only with ``"cast"``.
-        residual: ``[..., D]`` like ``x`` in ``x.dtype`` or float32, or None:
+        residual: ``[..., D]`` like ``x``, in ``x.dtype`` (or float32 beside bf16 /
+            fp16 ``x``), or None:
             the pre-norm decoder's residual stream. Then the norm is of ``x +
             residual`` (in the residual's dtype, as torch's add: a float32
             stream is never rounded to ``x.dtype``), which is also returned,
