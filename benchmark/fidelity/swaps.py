@@ -36,7 +36,6 @@ from flide_ext.kernels.causal_conv1d import causal_conv1d, causal_conv1d_tree
 from flide_ext.kernels.fork_attention import fork_attention
 from flide_ext.kernels.gated_delta_rule import gated_delta_rule_tree
 from flide_ext.kernels.gdn_gate import gdn_gate
-from flide_ext.kernels.rms_norm import rms_norm
 from flide_ext.kernels.rms_norm.reference import rms_norm_ref
 from flide_ext.kernels.rotary import rotary
 from flide_ext.kernels.silu_mul import silu_mul
@@ -95,28 +94,25 @@ _MISSING = object()
 
 
 def _decoder_norm(module, on: set):
-    # The fused add + norm of a pre-norm block, with the residual sum and / or the
-    # normalised output kept in float32.
+    # The fused add + norm of a pre-norm block in float32 (installed for the norms
+    # and norm_outputs swaps), its normalised output kept in float32 for norm_outputs.
     mode = "offset" if type(module).__name__ == "ZeroCenteredRMSNorm" else "cast"
 
     def forward(x, residual=None):
         total = x if residual is None else x + residual
-        if "norms" in on or "norm_outputs" in on or total.dtype != x.dtype:
-            normed = rms_norm_ref(total.float(), module.weight, module.eps, mode)
-            if "norm_outputs" not in on:
-                normed = normed.to(x.dtype)
-        else:
-            normed = rms_norm(total, module.weight, module.eps, mode, backend=module.backend)
+        normed = rms_norm_ref(total.float(), module.weight, module.eps, mode)
+        if "norm_outputs" not in on:
+            normed = normed.to(x.dtype)
         return normed if residual is None else (normed, total)
 
     return forward
 
 
-def _final_norm(module, on: set):
+def _final_norm(module):
+    # Float32 out: the readout rounds it to the LM head's dtype unless lm_head is on.
     def forward(x):
-        normed = rms_norm_ref(x.float(), module.weight, module.eps, "offset" if type(module).__name__ ==
-                              "ZeroCenteredRMSNorm" else "cast")
-        return normed if "lm_head" in on else normed.to(module.weight.dtype)
+        return rms_norm_ref(x.float(), module.weight, module.eps, "offset" if type(module).__name__ ==
+                            "ZeroCenteredRMSNorm" else "cast")
 
     return forward
 
@@ -158,7 +154,7 @@ def swapped(model, names: Iterable[str]):
         if leaf in DECODER_NORMS and ({"norm_outputs", "norms"} & on):
             p.attr(module, "forward", _decoder_norm(module, on))
         elif name == "model.norm" and "norms" in on:
-            p.attr(module, "forward", _final_norm(module, on))
+            p.attr(module, "forward", _final_norm(module))
         elif leaf == "norm" and ".linear_attn" in f".{name}" and ({"gdn_out", "norms"} & on):
             p.attr(module, "forward", _gated_norm(module, on))
         elif leaf in ("q_norm", "k_norm") and "norms" in on:

@@ -152,7 +152,7 @@ class ModelRunner:
         residual_dtype: Optional[str] = None,
     ):
         self.device = check_device(device)
-        residual = None if residual_dtype is None else parse_residual_dtype(residual_dtype)
+        residual = RESIDUAL_DTYPE if residual_dtype is None else parse_residual_dtype(residual_dtype)
         on_gpu = self.device.type == "cuda"
         cuda_graphs = cuda_graphs or ("flat" if on_gpu else "off")
         if cuda_graphs not in MODES:
@@ -180,7 +180,7 @@ class ModelRunner:
         if model is None or backend is not None:
             self.model.set_kernel_backend(backend)
         self.model.set_gdn_rule_dtype(gdn_rule_dtype)
-        self.model.set_residual_dtype(RESIDUAL_DTYPE if residual_dtype is None else residual)
+        self.model.set_residual_dtype(residual)
         self.config = self.model.config  # the text part, for multimodal checkpoints
         self.vocab_size = int(self.config.vocab_size)
         self.state_pool = self.kv_pool = None
