@@ -47,6 +47,9 @@ from bench_decision import model_config, requests_for  # noqa: E402
 
 from flide_ext import Engine  # noqa: E402
 from flide_ext.assets.random_checkpoints import random_model  # noqa: E402
+from flide_ext.runtime.capacity import RoundCapacity  # noqa: E402
+from flide_ext.runtime.graph_capacities import default_capacities  # noqa: E402
+from flide_ext.runtime.rounds import request_size  # noqa: E402
 
 WORKLOADS = ("race", "multirc", "quality")
 FILLERS = ("race_single", "race", "multirc")  # small enough for 200 in a round
@@ -64,6 +67,23 @@ def mixed(count: int, vocab: int, seed: int, kinds=WORKLOADS) -> list:
             out += requests_for(kind, n, vocab, SCALE[0], seed=seed + i, vary=True)
     random.Random(seed).shuffle(out)
     return out
+
+
+def round_with_others(probe, i: int, k: int, vocab: int):
+    """Probe ``i`` among ``k`` mixed others -> (the round's requests, the probe's place)."""
+    fillers = mixed(k, vocab, seed=1000 * k + i, kinds=FILLERS)
+    at = random.Random(i).randrange(k + 1)
+    return fillers[:at] + [probe] + fillers[at:], at
+
+
+def largest_round(probes, counts, vocab: int) -> tuple[int, int]:
+    """The most stream tokens and segments of the rounds :meth:`Checker.with_others` runs."""
+    most = [0, 0]
+    for k in counts:
+        for i, probe in enumerate(probes):
+            sizes = [request_size(r[0], "prompts") for r in round_with_others(probe, i, k, vocab)[0]]
+            most = [max(most[0], sum(s.tokens for s in sizes)), max(most[1], sum(s.segments for s in sizes))]
+    return most[0], most[1]
 
 
 class Checker:
@@ -115,15 +135,13 @@ class Checker:
             runner.capacities = saved_caps
             del runner._eager_ms  # the class's cost model again
 
-    def with_others(self, counts: list, vocab: int) -> None:
+    def with_others(self, counts: list, vocab: int) -> None:  # its rounds: round_with_others
         modes = ("flat", "off") if self.graphs is not None else ("off",)
         for k in tqdm(counts, desc="rounds", unit="size", leave=False):
             for mode in modes:
                 got, t0, graphs = [], time.perf_counter(), set()
                 for i, probe in enumerate(self.probes):
-                    fillers = mixed(k, vocab, seed=1000 * k + i, kinds=FILLERS)
-                    at = random.Random(i).randrange(k + 1)
-                    round_ = fillers[:at] + [probe] + fillers[at:]
+                    round_, at = round_with_others(probe, i, k, vocab)
                     self.engine.flush_cache()
                     if self.graphs is not None:
                         self.graphs.mode = mode
@@ -183,10 +201,20 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype)
     model = random_model(config, dtype, device, seed=0, head_scale=args.head_scale)
     t0 = time.perf_counter()
-    engine = Engine(args.model, dtype=dtype, device=device, model=model, deterministic=args.deterministic)
+    # Rounds here are built by hand, past the default capacity (a probe with 200
+    # others): the engine's capacity holds them (deterministic mode checks its
+    # GEMMs up to it), its graphs stay those of the default capacity.
+    default = RoundCapacity()
+    graphs = default_capacities(default.tokens, default.segments, lean_levels=3) if device.type == "cuda" else None
+    probes = mixed(args.probes, config.vocab_size, seed=5)
+    tokens, segments = largest_round(probes, args.others, config.vocab_size)
+    engine = Engine(args.model, dtype=dtype, device=device, model=model, deterministic=args.deterministic,
+                    round_capacity=RoundCapacity(tokens=max(tokens, default.tokens),
+                                                 segments=max(segments, default.segments)),
+                    graph_capacities=graphs)
     start_s = time.perf_counter() - t0
     vocab = config.vocab_size
-    checker = Checker(engine, mixed(args.probes, vocab, seed=5))
+    checker = Checker(engine, probes)
     if engine.graphs is not None:
         checker.each_graph()
     checker.with_others(args.others, vocab)
@@ -198,7 +226,7 @@ def main(argv=None) -> int:
     differ = sum(r["questions"] - r["bitwise_equal"] for r in rows)
     total = sum(r["questions"] for r in rows)
     print(f"{total - differ}/{total} bitwise equal over {len(rows)} conditions "
-          f"({'deterministic mode' if args.deterministic else 'default mode'})")
+          f"({'deterministic mode: ' + engine.runner.deterministic if args.deterministic else 'default mode'})")
     if args.out:
         Path(args.out).write_text(json.dumps({
             "settings": {**vars(args), "start_s": start_s, "deterministic_mode": engine.runner.deterministic,

@@ -246,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a round running longer than S seconds takes the server down, every request answered 503 "
                        f"(SGLang's flag; default: {served.watchdog_timeout:g})")
     serve.add_argument("--enable-deterministic-inference", action="store_true", default=None,
-                       help="deterministic mode: batch-invariant kernels, a question's bits independent of its round "
+                       help="deterministic mode: GEMMs at row counts checked bitwise at start, a question's bits independent of its round "
                        "(SGLang's flag)")
     serve.add_argument("--max-queued-requests", type=int, metavar="N",
                        help="refuse a request with 503 while N are sent to the scheduler and not yet answered "

@@ -8,21 +8,107 @@ fp16 bits. On CPU this layer accumulates in float64 and rounds once to the
 input's dtype: the rounded result is the same (up to rare double-rounding ties)
 wherever the row sits, which is what lets a question answered inside a round
 match the same question answered alone. GPU GEMMs are made row-invariant by
-deterministic mode (:mod:`flide_ext.runtime.determinism`).
+deterministic mode (:mod:`flide_ext.runtime.determinism`), which runs each GEMM
+at row counts (:class:`GemmRows`) checked to give every row the same bits.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 
+@dataclass(frozen=True)
+class GemmRows:
+    """The row counts GEMMs run at in deterministic mode on the GPU.
+
+    A GEMM of ``T`` rows is padded with zero rows to a multiple of the step its
+    size falls under, and then, for a padded count listed in ``moved`` under the
+    GEMM's key (:func:`gemm_key`), to the larger count given there; the
+    result's first ``T`` rows are returned.
+
+    Attributes:
+        steps: ``((limit, step), ...)`` by ascending limit: up to ``limit`` rows,
+            counts are multiples of ``step``; the last limit is the most rows
+            any GEMM may have.
+        moved: ``{key: {padded count: count it runs at}}``.
+    """
+
+    steps: tuple
+    moved: dict
+
+    @property
+    def max_rows(self) -> int:
+        return self.steps[-1][0]
+
+    def padded_counts(self) -> list[int]:
+        """Every padded row count up to :attr:`max_rows`, ascending."""
+        out, low = [], 0
+        for limit, step in self.steps:
+            out += range(-(-(low + 1) // step) * step, limit + 1, step)
+            low = limit
+        return sorted(set(out))
+
+    def rows(self, t: int, key) -> int:
+        """The row count a GEMM of ``t`` rows and key ``key`` runs at.
+
+        Raises:
+            ValueError: ``t`` is over :attr:`max_rows` (no count was checked there).
+        """
+        if t > self.max_rows:
+            raise ValueError(f"deterministic mode checked GEMMs up to {self.max_rows} rows, not {t}")
+        step = next(s for limit, s in self.steps if t <= limit)
+        padded = max(-(-t // step) * step, step)
+        return self.moved.get(key, {}).get(padded, padded)
+
+
+# Deterministic mode's row counts (set once per process by
+# flide_ext.runtime.determinism; None: every GEMM at its own row count).
+_GEMM_ROWS: Optional[GemmRows] = None
+
+
+def set_gemm_rows(rows: Optional[GemmRows]) -> None:
+    """Run every later GPU GEMM of :func:`linear` and the readout at ``rows``'
+    row counts (None: at their own). Process-wide."""
+    global _GEMM_ROWS
+    _GEMM_ROWS = rows
+
+
+def gemm_key(weight: torch.Tensor, x_dtype: torch.dtype, out_dtype: torch.dtype, bias: bool) -> tuple:
+    """What a GEMM's kernel choice depends on besides its row count: ``(out, in,
+    input dtype, weight dtype, output dtype, bias)``."""
+    return (int(weight.shape[0]), int(weight.shape[1]), x_dtype, weight.dtype, out_dtype, bias)
+
+
+def at_checked_rows(gemm: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, key: tuple) -> torch.Tensor:
+    """``gemm(x)`` for ``x`` ``[T, in]``, in deterministic mode run at the row
+    count :class:`GemmRows` gives (zero rows appended, the first ``T`` rows
+    returned); otherwise as is."""
+    rows = _GEMM_ROWS
+    if rows is None:
+        return gemm(x)
+    t = x.shape[0]
+    # A contiguous input: cuBLAS picks its kernel by the strides and alignment too.
+    x = x.contiguous()
+    n = rows.rows(t, key)
+    if n == t:
+        return gemm(x)
+    return gemm(F.pad(x, (0, 0, 0, n - t)))[:t]
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T + bias``: ``x`` ``[T, in]``, ``weight`` ``[out, in]`` -> ``[T, out]``
-    in ``x.dtype``, row-invariant on CPU (see the module docstring)."""
+    in ``x.dtype``, row-invariant on CPU (see the module docstring) and on the
+    GPU in deterministic mode."""
     if x.device.type == "cpu" and x.is_floating_point():
         return F.linear(x.double(), weight.double(), None if bias is None else bias.double()).to(x.dtype)
+    if _GEMM_ROWS is not None and x.dim() == 2:
+        return at_checked_rows(lambda a: F.linear(a, weight, bias), x,
+                               gemm_key(weight, x.dtype, x.dtype, bias is not None))
     return F.linear(x, weight, bias)
 
 

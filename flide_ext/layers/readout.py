@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .linear import linear
+from .linear import at_checked_rows, gemm_key, linear
 
 
 def lm_head_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -23,7 +23,7 @@ def lm_head_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     Returns:
         ``[R, vocab]`` float32 logits. On CUDA a bf16 / fp16 GEMM with a float32
         output (``torch.mm(..., out_dtype=torch.float32)``, which deterministic
-        mode's batch-invariant kernels also serve); on CPU a float64 GEMM rounded
+        mode runs at a checked row count); on CPU a float64 GEMM rounded
         once to float32, whose value does not depend on the number of rows
         (:mod:`flide_ext.layers.linear`).
     """
@@ -59,5 +59,17 @@ def readout_logprobs(
     # The final norm computes in float32 whatever its input; its output is
     # rounded once, to the LM head's dtype, as every other GEMM input is.
     normed = norm(hidden.index_select(0, rows)).to(lm_head.weight.dtype)
-    logits = lm_head_logits(normed, lm_head.weight)
-    return torch.log_softmax(logits, dim=-1)
+    return head_logprobs(normed, lm_head.weight)
+
+
+def readout_key(weight: torch.Tensor, x_dtype: torch.dtype) -> tuple:
+    """The readout's key among deterministic mode's GEMMs (:func:`~.linear.gemm_key`)."""
+    return ("readout", *gemm_key(weight, x_dtype, torch.float32, False))
+
+
+def head_logprobs(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``[R, hidden]`` -> ``[R, vocab]`` float32 log-softmax of :func:`lm_head_logits`;
+    in deterministic mode on the GPU run at a checked row count
+    (:func:`~.linear.at_checked_rows`), the log-softmax with it."""
+    return at_checked_rows(lambda a: torch.log_softmax(lm_head_logits(a, weight), dim=-1), x,
+                           readout_key(weight, x.dtype))

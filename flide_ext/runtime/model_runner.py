@@ -213,7 +213,8 @@ class ModelRunner:
                 recurrent_dtype=torch.float64 if exact else torch.float32,
             )
         # Before any graph is captured: a graph keeps the kernels it was captured with.
-        self.deterministic = enable_deterministic(self.device) if deterministic else None
+        self.deterministic = (enable_deterministic(self.device, self.model, round_capacity.tokens, round_capacity.segments)
+                              if deterministic else None)
         self.graphs = None
         if on_gpu:
             # A state cut at a checkpoint adds a level: the lean graphs get one.

@@ -75,7 +75,7 @@ class ServeArgs:
     request_timeout: Optional[float] = None  # seconds a request may take (504 after); None: no limit
     heartbeat_timeout: float = 30.0  # seconds without a scheduler heartbeat before it counts as stopped
     round_seconds: float = 1.0  # a round's time budget: its tokens capped by past rounds' seconds per token
-    enable_deterministic_inference: bool = False  # SGLang's: batch-invariant kernels (runtime/determinism.py)
+    enable_deterministic_inference: bool = False  # SGLang's: row-invariant GEMMs (runtime/determinism.py)
     residual_dtype: Optional[str] = None  # "float32" or "model"; None: the engine's default (float32)
 
 
