@@ -25,9 +25,10 @@ tiling for every row count), before any CUDA graph is captured.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -46,12 +47,11 @@ WIDE_STEP = 1024
 
 def row_steps(max_rows: int) -> tuple:
     """:data:`ROW_STEPS` cut or extended to ``max_rows`` (rounded up to its step)."""
-    steps, low = [], 0
+    steps = []
     for limit, step in ROW_STEPS:
         if max_rows <= limit:
             return (*steps, (max(-(-max_rows // step) * step, step), step))
         steps.append((limit, step))
-        low = limit
     return (*steps, (-(-max_rows // WIDE_STEP) * WIDE_STEP, WIDE_STEP))
 
 
@@ -67,10 +67,13 @@ def model_gemms(model) -> dict:
     stacked = {id(layer) for stack in stacks for layer in stack.layers}
 
     def add(out_features, in_features, weight, has_bias):
+        key = gemm_key(torch.empty(out_features, in_features, dtype=weight.dtype, device="meta"), weight.dtype,
+                       weight.dtype, has_bias)
+        if key in found:  # layers of one shape share one check (and one random weight)
+            return
         w = torch.randn(out_features, in_features, dtype=weight.dtype, device=weight.device) / in_features ** 0.5
         b = torch.randn(out_features, dtype=weight.dtype, device=weight.device) if has_bias else None
-        found.setdefault(gemm_key(w, weight.dtype, weight.dtype, has_bias),
-                         (lambda x: F.linear(x, w, b), in_features, weight.dtype))
+        found[key] = (lambda x: F.linear(x, w, b), in_features, weight.dtype)
 
     for module in model.modules():
         if isinstance(module, Linear) and id(module) not in stacked and module is not getattr(model, "lm_head", None):
@@ -142,8 +145,8 @@ def enable_deterministic(device: torch.device, model=None, max_rows: int = 0, ma
         started = time.perf_counter()
         rows = GemmRows(row_steps(max_rows), {})
         counts = rows.padded_counts()
-        readout_counts = [c for c in counts if c <= max(max_readout, 1)] or counts[:1]
-        readout_counts += [c for c in counts if c > readout_counts[-1]][:1]  # a readout count past the most
+        # Up to the first count that holds the most readout rows.
+        readout_counts = counts[:bisect.bisect_left(counts, max(max_readout, 1)) + 1]
         moved = {}
         try:
             with torch.inference_mode():
@@ -175,9 +178,3 @@ def _batch_invariant() -> str:
         enable_batch_invariant_mode()
     return "SGLang's batch-invariant GEMM, log-softmax and mean kernels"
 
-
-def gemm_rows_in_use() -> Optional[GemmRows]:
-    """The row counts deterministic mode set (None: none)."""
-    from ..layers import linear
-
-    return linear._GEMM_ROWS
