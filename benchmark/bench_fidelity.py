@@ -20,7 +20,7 @@ decision requests through the model's chat template; needs a tokenizer with one)
 
 Usage::
 
-    python benchmark/bench_fidelity.py --model qwen3.5-4b --head-scale 40 --device cuda \\
+    python benchmark/bench_fidelity.py --model qwen3.5-4b --device cuda \\
         --sets race multirc quality --requests 16 --set-requests quality=4 --out benchmark/results/fidelity/4b
     python benchmark/bench_fidelity.py --model smollm2-135m --device cuda --sets examples \\
         --server sglang=http://127.0.0.1:30000 --out benchmark/results/fidelity/smollm2

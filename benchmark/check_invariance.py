@@ -47,8 +47,10 @@ from bench_decision import model_config, requests_for  # noqa: E402
 
 from flide_ext import Engine  # noqa: E402
 from flide_ext.assets.random_checkpoints import random_model  # noqa: E402
+from flide_ext.protocol.errors import ModelLoadError  # noqa: E402
 from flide_ext.runtime.capacity import RoundCapacity  # noqa: E402
 from flide_ext.runtime.graph_capacities import default_capacities  # noqa: E402
+from flide_ext.runtime.model_runner import check_device  # noqa: E402
 from flide_ext.runtime.rounds import request_size  # noqa: E402
 
 WORKLOADS = ("race", "multirc", "quality")
@@ -106,11 +108,17 @@ class Checker:
         """``results[j]`` answers probe ``indices[j]`` (a list of per-question label log-probabilities)."""
         questions = equal = flips = 0
         worst = 0.0
+        if len(results) != len(indices):
+            raise RuntimeError(f"{name}: {len(results)} answers for {len(indices)} probes")
         for got, i in zip(results, indices):
-            for a, b in zip(got, self.reference[i].answers[0]):
+            want = self.reference[i].answers[0]
+            if len(got) != len(want):
+                raise RuntimeError(f"{name}: probe {i} answered {len(got)} of its {len(want)} questions")
+            for a, b in zip(got, want):
                 questions += 1
                 equal += a == b
-                worst = max(worst, max(abs(x - y) for x, y in zip(a, b)))
+                # A NaN on either side is the largest difference (max() would skip it).
+                worst = max(worst, max(abs(x - y) if x == x and y == y else math.inf for x, y in zip(a, b)))
                 flips += a.index(max(a)) != b.index(max(b))
         self.rows.append({"condition": name, "questions": questions, "bitwise_equal": equal,
                           "max_abs_diff": worst, "argmax_changes": flips, "seconds": seconds, **facts})
@@ -177,7 +185,7 @@ def main(argv=None) -> int:
     parser.add_argument("--probes", type=int, default=12, help="probe requests (the workloads in turn)")
     parser.add_argument("--others", type=int, nargs="+", default=[1, 5, 20, 50, 100, 200])
     parser.add_argument("--scale", type=float, default=1.0, help="state and question lengths times this (smoke)")
-    parser.add_argument("--head-scale", type=float, default=40.0, help="LM head init scale (peaked answers)")
+    parser.add_argument("--head-scale", type=float, default=1.0, help="LM head init scale (not 1: peaked answers, the head untied)")
     parser.add_argument("--deterministic", action="store_true", help="the engine in deterministic mode")
     parser.add_argument("--strict", action="store_true", help="exit 1 when any answer differs")
     parser.add_argument("--out", help="JSON file of every condition")
@@ -190,14 +198,21 @@ def main(argv=None) -> int:
     if args.probes < 1 or min(args.others) < 1:
         print("check_invariance.py: --probes and --others must be at least 1", file=sys.stderr)
         return 2
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print(f"check_invariance.py: --device {args.device}: no CUDA device here", file=sys.stderr)
+    try:
+        device = check_device(args.device)
+    except ModelLoadError as e:
+        print(f"check_invariance.py: --device: {e}", file=sys.stderr)
         return 2
     if not 0 < args.scale <= 1:
         print(f"check_invariance.py: --scale {args.scale} must be in (0, 1]", file=sys.stderr)
         return 2
+    if args.out:
+        try:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            print(f"check_invariance.py: --out {args.out}: {e.strerror}", file=sys.stderr)
+            return 2
     SCALE[0] = args.scale
-    device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
     model = random_model(config, dtype, device, seed=0, head_scale=args.head_scale)
     t0 = time.perf_counter()

@@ -14,7 +14,7 @@ diagnosed (here they are not extra engines, as in ``bench_fidelity.py``).
 
 Usage::
 
-    python benchmark/precision_sources.py --model qwen3.5-4b --head-scale 40 --device cuda --sets multirc \\
+    python benchmark/precision_sources.py --model qwen3.5-4b --device cuda --sets multirc \\
         --requests 16 --out benchmark/results/fidelity/sources_4b
 
 ``--out DIR`` writes ``sources.json`` (every run's per-question TV and summary),

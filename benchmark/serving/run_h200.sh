@@ -69,7 +69,7 @@
 #   --keep-server     leave the engine's server running after its workloads (it was started with setsid, so it
 #                     outlives the call); the next call's flide/sglang step reuses it if healthy: a slow start
 #                     (SGLang's 115-200 s) is paid once when the workloads are split over several calls
-# Environment: SHAPE (qwen3.5-4b), HEAD_SCALE (40), FLIDE_FLAGS (extra flags for Flide's server), FLIDE_LABEL
+# Environment: SHAPE (qwen3.5-4b), HEAD_SCALE (1: the head tied, as in every recorded run; another value unties it), FLIDE_FLAGS (extra flags for Flide's server), FLIDE_LABEL
 # (its results' name, default flide; e.g. flide_off for a run with --disable-radix-cache).
 set -uo pipefail
 REPO=$(pwd)
@@ -89,7 +89,7 @@ WORKLOADS="agent1500 agent1500solo agent8000 race_single multirc quality"
 BENCH_ARGS=""
 SGLANG_FLAGS="--enable-metrics --enable-cache-report"
 SHAPE=${SHAPE:-qwen3.5-4b}
-HEAD_SCALE=${HEAD_SCALE:-40}
+HEAD_SCALE=${HEAD_SCALE:-1}
 INSTALL=() STAGE=() STEPS=()
 while [ $# -gt 0 ]; do
     case $1 in

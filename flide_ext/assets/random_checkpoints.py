@@ -12,6 +12,7 @@ checkpoint never needs to be whole in memory; the Qwen3.5 tokenizer is saved bes
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -73,6 +74,18 @@ def _init(name: str, shape, generator, head_scale: float, device="cpu") -> torch
     return torch.empty(shape, device=device).normal_(0.0, std, generator=generator)
 
 
+def with_head_scale(config, head_scale: float):
+    """``config``, or for ``head_scale != 1`` on a tied shape a copy with
+    ``tie_word_embeddings=False``: a tied head is the input embedding, so scaling
+    it would scale the embedding too; untied, the head gets its own weights
+    (init std ``0.02 * head_scale``) and the embedding keeps its scale."""
+    if head_scale == 1.0 or not getattr(config, "tie_word_embeddings", False):
+        return config
+    config = copy.deepcopy(config)
+    config.tie_word_embeddings = False
+    return config
+
+
 def random_model(config, dtype: torch.dtype = torch.bfloat16, device="cpu", seed: int = 0, head_scale: float = 1.0):
     """``config``'s Flide model with random weights made directly on ``device``
     (same initialisation as :func:`write_random_checkpoint`, another random
@@ -83,6 +96,7 @@ def random_model(config, dtype: torch.dtype = torch.bfloat16, device="cpu", seed
     """
     from ..models import MODEL_CLASSES
 
+    config = with_head_scale(config, head_scale)
     with torch.device("meta"):
         model = MODEL_CLASSES[config.architectures[0]](config)
     model = model.to_empty(device=device).to(dtype).eval()
@@ -113,7 +127,9 @@ def write_random_checkpoint(
         config: a transformers config with ``architectures`` set (a Flide model family).
         dtype: stored weight dtype.
         seed: random seed.
-        head_scale: multiplies the LM head's init std (peaked label distributions).
+        head_scale: multiplies the LM head's init std (peaked label
+            distributions); not 1 on a tied shape, the head is untied
+            (:func:`with_head_scale`) and the saved config says so.
         tokenizer: also save the Qwen3.5 tokenizer.
         progress: a tqdm-like object updated once per tensor, or None.
     """
@@ -123,6 +139,7 @@ def write_random_checkpoint(
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    config = with_head_scale(config, head_scale)
     with torch.device("meta"):
         model = MODEL_CLASSES[config.architectures[0]](config)
     skip = set(model.tied_weights)

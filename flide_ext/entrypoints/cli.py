@@ -159,11 +159,12 @@ def run_make_checkpoint(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from ..assets.random_checkpoints import QWEN35_SHAPES, count_parameters, qwen35_config, write_random_checkpoint
+    from ..assets.random_checkpoints import (QWEN35_SHAPES, count_parameters, qwen35_config, with_head_scale,
+                                             write_random_checkpoint)
 
     if args.shape not in QWEN35_SHAPES:
         raise CLIError(f"--shape {args.shape!r} is not one of {', '.join(QWEN35_SHAPES)}")
-    config = qwen35_config(args.shape)
+    config = with_head_scale(qwen35_config(args.shape), args.head_scale)
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[args.dtype]
     with tqdm(desc=f"write {args.shape}", unit="tensor", file=sys.stderr) as bar:
         write_random_checkpoint(args.output, config, dtype=dtype, seed=args.seed, head_scale=args.head_scale, progress=bar)
@@ -204,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
                       help="stored weight dtype (default: bfloat16)")
     make.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    make.add_argument("--head-scale", type=float, default=1.0, help="LM head init scale (peaked distributions)")
+    make.add_argument("--head-scale", type=float, default=1.0, help="LM head init scale (peaked distributions; not 1 unties a tied head)")
     make.set_defaults(func=run_make_checkpoint)
     from ..server.launch import ServeArgs
     from .server_flags import add_server_flags

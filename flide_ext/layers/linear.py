@@ -14,8 +14,10 @@ at row counts (:class:`GemmRows`) checked to give every row the same bits.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -66,16 +68,22 @@ class GemmRows:
         return self.moved.get(key, {}).get(padded, padded)
 
 
-# Deterministic mode's row counts (set once per process by
-# flide_ext.runtime.determinism; None: every GEMM at its own row count).
-_GEMM_ROWS: Optional[GemmRows] = None
+# The row counts of the model whose forward runs in this thread (set by
+# checked_rows around it; None: every GEMM at its own row count). A model holds
+# its own, so two engines in one process never run at each other's counts.
+_GEMM_ROWS: ContextVar[Optional[GemmRows]] = ContextVar("flide_gemm_rows", default=None)
 
 
-def set_gemm_rows(rows: Optional[GemmRows]) -> None:
-    """Run every later GPU GEMM of :func:`linear` and the readout at ``rows``'
-    row counts (None: at their own). Process-wide."""
-    global _GEMM_ROWS
-    _GEMM_ROWS = rows
+@contextmanager
+def checked_rows(rows: Optional[GemmRows]) -> Iterator[None]:
+    """Run the GEMMs of :func:`linear` and the readout inside the block at
+    ``rows``' row counts (None: at their own), in this thread (a context
+    variable), restoring the previous setting after."""
+    token = _GEMM_ROWS.set(rows)
+    try:
+        yield
+    finally:
+        _GEMM_ROWS.reset(token)
 
 
 def gemm_key(weight: torch.Tensor, x_dtype: torch.dtype, out_dtype: torch.dtype, bias: bool) -> tuple:
@@ -85,12 +93,19 @@ def gemm_key(weight: torch.Tensor, x_dtype: torch.dtype, out_dtype: torch.dtype,
 
 
 def at_checked_rows(gemm: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, key: tuple) -> torch.Tensor:
-    """``gemm(x)`` for ``x`` ``[T, in]``, in deterministic mode run at the row
-    count :class:`GemmRows` gives (zero rows appended, the first ``T`` rows
-    returned); otherwise as is."""
-    rows = _GEMM_ROWS
+    """``gemm(x)`` for ``x`` ``[T, in]``, inside :func:`checked_rows` run at the
+    row count :class:`GemmRows` gives (zero rows appended, the first ``T`` rows
+    returned); otherwise as is.
+
+    Raises:
+        ValueError: inside :func:`checked_rows`, ``x`` is not 2-D, or has more
+            rows than were checked.
+    """
+    rows = _GEMM_ROWS.get()
     if rows is None:
         return gemm(x)
+    if x.dim() != 2:
+        raise ValueError(f"deterministic mode runs GEMMs on [rows, features] inputs, not {tuple(x.shape)}")
     t = x.shape[0]
     # A contiguous input: cuBLAS picks its kernel by the strides and alignment too.
     x = x.contiguous()
@@ -106,7 +121,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     GPU in deterministic mode."""
     if x.device.type == "cpu" and x.is_floating_point():
         return F.linear(x.double(), weight.double(), None if bias is None else bias.double()).to(x.dtype)
-    if _GEMM_ROWS is not None and x.dim() == 2:
+    if _GEMM_ROWS.get() is not None:
         return at_checked_rows(lambda a: F.linear(a, weight, bias), x,
                                gemm_key(weight, x.dtype, x.dtype, bias is not None))
     return F.linear(x, weight, bias)

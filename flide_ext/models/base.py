@@ -13,6 +13,7 @@ from ..kernels.dispatch import check_backend
 from ..layers.context import ForwardContext
 from ..layers.gated_deltanet import GatedDeltaNet
 from ..layers.kernel_module import KernelModule
+from ..layers.linear import GemmRows, checked_rows
 from ..layers.readout import readout_logprobs
 from ..layers.rotary import RotaryEmbedding
 
@@ -82,6 +83,11 @@ class FlatCausalLM(nn.Module):
     #: The residual stream's dtype when it is wider than the activations'
     #: (:meth:`set_residual_dtype`).
     residual_dtype: Optional[torch.dtype] = RESIDUAL_DTYPE
+    #: The row counts this model's GPU GEMMs run at in deterministic mode
+    #: (:mod:`flide_ext.runtime.determinism`); None: their own.
+    gemm_rows: Optional[GemmRows] = None
+    #: Rows per LM head block when ``selective_readout`` is off.
+    full_readout_block = 4096
 
     def __init__(self, config):
         super().__init__()
@@ -197,15 +203,17 @@ class FlatCausalLM(nn.Module):
         dtype = self.model.embed_tokens.weight.dtype
         cos, sin = self.rotary.cos_sin(plan.positions, dtype)
         ctx = ForwardContext(plan, cos, sin, state_pool, kv_pool, self.stream_dtype(dtype))
-        h = self.hidden_states(ctx, cancelled)
-        if not self.selective_readout:
-            return self._full_readout(h, plan.readout_rows)
-        return readout_logprobs(h, plan.readout_rows, self.model.norm, self.lm_head)
+        with checked_rows(self.gemm_rows):
+            h = self.hidden_states(ctx, cancelled)
+            if not self.selective_readout:
+                return self._full_readout(h, plan.readout_rows)
+            return readout_logprobs(h, plan.readout_rows, self.model.norm, self.lm_head)
 
-    def _full_readout(self, h: torch.Tensor, rows: torch.Tensor, block: int = 4096) -> torch.Tensor:
+    def _full_readout(self, h: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         # The LM head over every stream row, as a server without selective readout
         # computes it, in blocks of rows (a whole round's float32 log-probabilities
         # at a 248k vocabulary would not fit in memory), keeping the readout rows.
+        block = self.full_readout_block
         out = torch.empty(rows.numel(), self.lm_head.weight.shape[0], dtype=torch.float32, device=h.device)
         for start in range(0, h.shape[0], block):
             stop = min(start + block, h.shape[0])

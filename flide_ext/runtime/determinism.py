@@ -16,8 +16,9 @@ random rows at every row count it may meet (multiples of :data:`ROW_STEPS`' step
 up to the round capacity), one row off from a reference run at the largest
 count; a count whose rows differ from the reference's in any bit (another
 kernel, or one whose reduction depends on the row's position) is moved to the
-next larger count that matches. Every GEMM then runs at its checked count
-(:class:`~flide_ext.layers.linear.GemmRows`): every row gets the reference's
+next larger count that matches. Every GEMM of that model then runs at its
+checked count (:class:`~flide_ext.layers.linear.GemmRows`, held by the model:
+another engine in the process keeps its own): every row gets the reference's
 reduction, whatever its round. Where no count matches, the process falls back to
 SGLang's batch-invariant kernels (``sglang.srt.batch_invariant_ops``: one fixed
 tiling for every row count), before any CUDA graph is captured.
@@ -33,14 +34,15 @@ from typing import Callable, Iterable
 import torch
 import torch.nn.functional as F
 
-from ..layers.linear import GemmRows, Linear, StackedLinear, gemm_key, set_gemm_rows
+from ..layers.linear import GemmRows, Linear, StackedLinear, gemm_key
 from ..layers.readout import lm_head_logits, readout_key
 
 logger = logging.getLogger(__name__)
 
-# (limit, step): GEMM row counts are multiples of ``step`` up to ``limit`` rows
-# (the graph ladder's capacities are multiples of 32 up to 1,024 rows and of 64
-# beyond, so a replay pads nothing); past the last limit, multiples of 1,024.
+# (limit, step): GEMM row counts are multiples of ``step`` up to ``limit`` rows;
+# past the last limit, multiples of 1,024. The graph ladder's capacities are
+# multiples of 32 up to 1,024 rows and of 64 beyond, so a replay of up to 16,384
+# rows pads nothing (a larger graph pads to the next multiple of 256).
 ROW_STEPS = ((1024, 32), (16384, 64), (65536, 256))
 WIDE_STEP = 1024
 
@@ -105,8 +107,11 @@ def check_rows(gemm: Callable[[torch.Tensor], torch.Tensor], in_features: int, d
     Raises:
         RuntimeError: the largest count does not match itself one row off (its
             kernel's reduction depends on a row's position).
+        ValueError: no counts.
     """
     counts = sorted(counts)
+    if not counts:
+        raise ValueError("check_rows needs at least one row count")
     top = counts[-1]
     g = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(top + 1, in_features, generator=g, device=device, dtype=torch.float32).to(dtype)
@@ -124,27 +129,31 @@ def check_rows(gemm: Callable[[torch.Tensor], torch.Tensor], in_features: int, d
 
 
 def enable_deterministic(device: torch.device, model=None, max_rows: int = 0, max_readout: int = 0) -> str:
-    """Turn deterministic mode on for this process's work on ``device``; says what
-    it did. Process-wide and not undone (as SGLang's): call it in a process that
-    serves, before its CUDA graphs are captured.
+    """Turn deterministic mode on for ``model`` on ``device``; says what it did.
+    The checked row counts become ``model.gemm_rows`` (its forwards run at them);
+    the fallback, SGLang's batch-invariant kernels, is process-wide and not undone
+    (as SGLang's). Call it before the model's CUDA graphs are captured.
 
     Args:
         device: the model's device.
         model: the loaded model (on CUDA: its GEMMs are checked; None: SGLang's
             batch-invariant kernels).
         max_rows: the most rows a GEMM may have (the round's token capacity).
-        max_readout: the most readout rows (the round's segment capacity).
+        max_readout: the most readout rows (the round's segment capacity;
+            without selective readout the model's LM head block).
 
     Raises:
         RuntimeError: on CUDA, SGLang's batch-invariant kernels are needed and
             cannot be imported or enabled (the message says why).
     """
     if device.type != "cuda":
-        return "per-row already: float64 GEMMs and the per-segment reference kernels"
+        return _said("per-row already: float64 GEMMs and the per-segment reference kernels")
     if model is not None and max_rows > 0:
         started = time.perf_counter()
         rows = GemmRows(row_steps(max_rows), {})
         counts = rows.padded_counts()
+        if not getattr(model, "selective_readout", True):
+            max_readout = max(max_readout, min(max_rows, model.full_readout_block))
         # Up to the first count that holds the most readout rows.
         readout_counts = counts[:bisect.bisect_left(counts, max(max_readout, 1)) + 1]
         moved = {}
@@ -156,7 +165,7 @@ def enable_deterministic(device: torch.device, model=None, max_rows: int = 0, ma
         except RuntimeError as e:
             logger.warning("deterministic mode: %s; using SGLang's batch-invariant kernels", e)
         else:
-            set_gemm_rows(GemmRows(rows.steps, {k: v for k, v in moved.items() if v}))
+            model.gemm_rows = GemmRows(rows.steps, {k: v for k, v in moved.items() if v})
             torch.cuda.empty_cache()
             n_moved = sum(len(v) for v in moved.values())
             return _said(f"cuBLAS GEMMs at row counts checked bitwise for {len(moved)} shapes up to {rows.max_rows} "

@@ -80,7 +80,7 @@ class Engine:
         graph_capacities: the flat graphs' capacities (default
             :func:`~flide_ext.runtime.graph_capacities.default_capacities` of the round capacity).
         deterministic: deterministic mode (SGLang's ``--enable-deterministic-inference``,
-            :mod:`~.determinism`): process-wide GEMMs at checked row counts on CUDA.
+            :mod:`~.determinism`): on CUDA this engine's GEMMs at row counts checked at start.
         gdn_rule_dtype: the dtype hybrid models' GDN layers run the gated delta
             rule in (``"float32"`` in a bf16 model keeps its chunk states and WY
             factors in float32); None: ``dtype``.

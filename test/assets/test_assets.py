@@ -3,6 +3,7 @@ checkpoints in the real layout, and the multimodal Qwen3.5 checkpoint layout."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -54,9 +55,13 @@ def test_random_checkpoint_loads_in_flide_and_transformers(tmp_path):
     from flide_ext import Engine
     from flide_ext.assets.random_checkpoints import write_random_checkpoint
 
-    config = tiny_config("qwen3_5")
+    # A tied shape, as the real ones: a head scale other than 1 unties its head.
+    config = tiny_config("qwen3_5", tie_word_embeddings=True)
     directory = write_random_checkpoint(tmp_path / "ckpt", config, dtype=torch.float32, head_scale=50.0, tokenizer=False)
+    assert config.tie_word_embeddings and not json.loads((directory / "config.json").read_text())["tie_word_embeddings"]
     engine = Engine(str(directory))
+    head, embedding = engine.model.lm_head.weight, engine.model.model.embed_tokens.weight
+    assert 0.9 < head.std().item() / (50 * 0.02) < 1.1 and 0.9 < embedding.std().item() / 0.02 < 1.1
     hf = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     rng = random.Random(0)
     state = [rng.randrange(512) for _ in range(40)]
@@ -65,6 +70,18 @@ def test_random_checkpoint_loads_in_flide_and_transformers(tmp_path):
     for prompt, got in zip(prompts, answer.label_logprobs):
         ref = hf_label_logprobs(hf, prompt, [4, 5, 6])
         assert max(abs(a - b) for a, b in zip(got, ref)) <= 1e-4
+
+
+def test_a_head_scale_scales_the_head_of_a_tied_shape_and_not_its_embedding():
+    from flide_ext.assets.random_checkpoints import random_model
+
+    config = tiny_config("qwen3_5", tie_word_embeddings=True)
+    tied = random_model(config, torch.float32, "cpu", seed=0)
+    assert torch.equal(tied.lm_head.weight, tied.model.embed_tokens.weight)
+    peaked = random_model(config, torch.float32, "cpu", seed=0, head_scale=40.0)
+    assert config.tie_word_embeddings and not peaked.config.tie_word_embeddings
+    assert 0.9 < peaked.lm_head.weight.std().item() / (40 * 0.02) < 1.1
+    assert torch.equal(peaked.model.embed_tokens.weight, tied.model.embed_tokens.weight)
 
 
 def test_real_shapes_have_their_published_sizes():

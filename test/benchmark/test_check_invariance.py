@@ -29,6 +29,7 @@ def test_every_condition_is_bitwise_equal_on_cpu(tmp_path):
 
 
 def test_bad_arguments():
-    for extra in (["--probes", "0"], ["--others", "0"], ["--scale", "0"], ["--model", "gpt-5"]):
+    for extra in (["--probes", "0"], ["--others", "0"], ["--scale", "0"], ["--model", "gpt-5"],
+                  ["--device", "mps"], ["--device", "cpux"], ["--out", "/dev/null/x.json"]):
         run = main_in_process(check_invariance.main, "--device", "cpu", *extra)
         assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, (extra, run.stderr)

@@ -29,7 +29,7 @@ import pytest
 import torch.nn.functional as F
 
 from flide_ext.layers import linear as linear_module
-from flide_ext.layers.linear import GemmRows, at_checked_rows, set_gemm_rows
+from flide_ext.layers.linear import GemmRows, at_checked_rows, checked_rows
 from flide_ext.runtime.determinism import check_rows, model_gemms, row_steps
 
 
@@ -93,12 +93,14 @@ def test_checked_rows_pad_the_input_and_return_its_own_rows():
         return x * 2
 
     x = torch.randn(37, 8)
-    set_gemm_rows(GemmRows(((1024, 32),), {"k": {64: 96}}))
-    try:
+    with checked_rows(GemmRows(((1024, 32),), {"k": {64: 96}})):
         out = at_checked_rows(gemm, x, "k")
-    finally:
-        set_gemm_rows(None)
-    assert seen == [(96, 8)] and torch.equal(out, x * 2)
+        with pytest.raises(ValueError, match=r"not \(2, 3, 8\)"):
+            at_checked_rows(gemm, torch.randn(2, 3, 8), "k")
+        with checked_rows(None):  # an inner block without counts, then the outer's again
+            assert at_checked_rows(gemm, x, "k").shape == (37, 8) and seen[-1] == (37, 8)
+        at_checked_rows(gemm, x, "k")
+    assert seen == [(96, 8), (37, 8), (96, 8)] and torch.equal(out, x * 2)
     assert at_checked_rows(gemm, x, "k").shape == (37, 8) and seen[-1] == (37, 8)
 
 
@@ -125,10 +127,13 @@ def test_the_model_gemms_are_its_layers_stacks_and_readout_and_padding_keeps_ans
         assert gemm(x).shape[0] == 5
     plain = [engine.score_tokens(r).label_logprobs for r in requests]
     # The readout run at padded row counts (its GEMM on CPU is float64: the real rows keep their bits).
-    set_gemm_rows(GemmRows(((4096, 32),), {}))
-    try:
-        padded = [engine.score_tokens(r).label_logprobs for r in requests]
-        together = [a.label_logprobs for a in engine.score_tokens_batch(requests)]
-    finally:
-        set_gemm_rows(None)
+    model.gemm_rows = GemmRows(((4096, 32),), {})
+    other = Engine(str(tiny_dirs["qwen3_5"]), dtype="bfloat16", radix_cache=False)
+    padded = [engine.score_tokens(r).label_logprobs for r in requests]
+    together = [a.label_logprobs for a in engine.score_tokens_batch(requests)]
     assert padded == plain and together == plain
+    # The counts are the model's: another engine's model runs at its own, even past them.
+    model.gemm_rows = GemmRows(((1, 1),), {})
+    with pytest.raises(ValueError, match="up to 1 rows, not 3"):
+        engine.score_tokens(make_request(rng, 30, 3))
+    assert [other.score_tokens(r).label_logprobs for r in requests] == plain

@@ -55,10 +55,7 @@ def test_strategies_answer_alike(tiny_dirs, family, monkeypatch):
     full = run_strategy(engine, groups, "flide").answers
     assert full == want
     # In blocks of 7 rows (readout rows spread over many blocks): still the same answers.
-    from flide_ext.models.base import FlatCausalLM
-
-    blocked = FlatCausalLM._full_readout
-    monkeypatch.setattr(FlatCausalLM, "_full_readout", lambda self, h, rows: blocked(self, h, rows, block=7))
+    monkeypatch.setattr(engine.model, "full_readout_block", 7)
     assert run_strategy(engine, groups, "flide").answers == want
     with pytest.raises(ValueError, match="strategy 'paged'"):
         run_strategy(engine, groups, "paged")
