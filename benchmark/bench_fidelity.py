@@ -74,9 +74,14 @@ def checkpoint(args) -> Path:
         from bench_decision import model_config
 
         root = Path(args.checkpoint_dir or Path(tempfile.gettempdir()) / "flide-fidelity")
-        target = root / f"{args.model}-head{args.head_scale:g}-seed{args.seed}"
+        # "untied": written since a head scale unties a tied head (older folders hold the tied one).
+        head = "" if args.head_scale == 1 else f"-head{args.head_scale:g}untied"
+        target = root / f"{args.model}{head}-seed{args.seed}"
         if not (target / "config.json").is_file():
-            write_random_checkpoint(target, model_config(args.model), torch.bfloat16, args.seed, args.head_scale)
+            try:
+                write_random_checkpoint(target, model_config(args.model), torch.bfloat16, args.seed, args.head_scale)
+            except ValueError as e:
+                raise BadArguments(f"--head-scale: {e}") from None
         return target
     try:
         return resolve_model_path(args.model)

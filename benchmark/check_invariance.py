@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_decision import model_config, requests_for  # noqa: E402
 
 from flide_ext import Engine  # noqa: E402
-from flide_ext.assets.random_checkpoints import random_model  # noqa: E402
+from flide_ext.assets.random_checkpoints import random_model, with_head_scale  # noqa: E402
 from flide_ext.protocol.errors import ModelLoadError  # noqa: E402
 from flide_ext.runtime.capacity import RoundCapacity  # noqa: E402
 from flide_ext.runtime.graph_capacities import default_capacities  # noqa: E402
@@ -115,10 +115,14 @@ class Checker:
             if len(got) != len(want):
                 raise RuntimeError(f"{name}: probe {i} answered {len(got)} of its {len(want)} questions")
             for a, b in zip(got, want):
+                if len(a) != len(b):
+                    raise RuntimeError(f"{name}: probe {i} answered {len(a)} labels of a question with {len(b)}")
                 questions += 1
                 equal += a == b
-                # A NaN on either side is the largest difference (max() would skip it).
-                worst = max(worst, max(abs(x - y) if x == x and y == y else math.inf for x, y in zip(a, b)))
+                # Equal values (-inf included) differ by 0; a NaN on either side is the
+                # largest difference (max() would skip it).
+                worst = max(worst, max(0.0 if x == y else abs(x - y) if x == x and y == y else math.inf
+                                       for x, y in zip(a, b)))
                 flips += a.index(max(a)) != b.index(max(b))
         self.rows.append({"condition": name, "questions": questions, "bitwise_equal": equal,
                           "max_abs_diff": worst, "argmax_changes": flips, "seconds": seconds, **facts})
@@ -206,11 +210,18 @@ def main(argv=None) -> int:
     if not 0 < args.scale <= 1:
         print(f"check_invariance.py: --scale {args.scale} must be in (0, 1]", file=sys.stderr)
         return 2
+    try:
+        with_head_scale(config, args.head_scale)
+    except ValueError as e:
+        print(f"check_invariance.py: --head-scale: {e}", file=sys.stderr)
+        return 2
     if args.out:
+        # Opened once now (and left empty) so that a path that cannot be written fails before the sweep.
         try:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).open("a").close()
         except OSError as e:
-            print(f"check_invariance.py: --out {args.out}: {e.strerror}", file=sys.stderr)
+            print(f"check_invariance.py: --out {args.out}: cannot write there ({e.strerror})", file=sys.stderr)
             return 2
     SCALE[0] = args.scale
     dtype = getattr(torch, args.dtype)

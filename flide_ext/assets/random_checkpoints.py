@@ -78,7 +78,16 @@ def with_head_scale(config, head_scale: float):
     """``config``, or for ``head_scale != 1`` on a tied shape a copy with
     ``tie_word_embeddings=False``: a tied head is the input embedding, so scaling
     it would scale the embedding too; untied, the head gets its own weights
-    (init std ``0.02 * head_scale``) and the embedding keeps its scale."""
+    (init std ``0.02 * head_scale``) and the embedding keeps its scale.
+
+    Raises:
+        ValueError: ``head_scale`` is not a finite number above 0, or is not 1
+            on a composite config (one with a ``text_config``).
+    """
+    if not (math.isfinite(head_scale) and head_scale > 0):
+        raise ValueError(f"the head scale must be a finite number above 0, not {head_scale!r}")
+    if head_scale != 1.0 and getattr(config, "text_config", None) is not None:
+        raise ValueError("a head scale applies to a text model's config; this one has a text_config")
     if head_scale == 1.0 or not getattr(config, "tie_word_embeddings", False):
         return config
     config = copy.deepcopy(config)
@@ -137,9 +146,9 @@ def write_random_checkpoint(
 
     from ..models import MODEL_CLASSES
 
+    config = with_head_scale(config, head_scale)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    config = with_head_scale(config, head_scale)
     with torch.device("meta"):
         model = MODEL_CLASSES[config.architectures[0]](config)
     skip = set(model.tied_weights)

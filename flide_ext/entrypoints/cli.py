@@ -164,7 +164,10 @@ def run_make_checkpoint(args) -> int:
 
     if args.shape not in QWEN35_SHAPES:
         raise CLIError(f"--shape {args.shape!r} is not one of {', '.join(QWEN35_SHAPES)}")
-    config = with_head_scale(qwen35_config(args.shape), args.head_scale)
+    try:
+        config = with_head_scale(qwen35_config(args.shape), args.head_scale)
+    except ValueError as e:
+        raise CLIError(f"--head-scale: {e}") from None
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[args.dtype]
     with tqdm(desc=f"write {args.shape}", unit="tensor", file=sys.stderr) as bar:
         write_random_checkpoint(args.output, config, dtype=dtype, seed=args.seed, head_scale=args.head_scale, progress=bar)

@@ -82,6 +82,17 @@ def test_a_head_scale_scales_the_head_of_a_tied_shape_and_not_its_embedding():
     assert config.tie_word_embeddings and not peaked.config.tie_word_embeddings
     assert 0.9 < peaked.lm_head.weight.std().item() / (40 * 0.02) < 1.1
     assert torch.equal(peaked.model.embed_tokens.weight, tied.model.embed_tokens.weight)
+    from flide_ext.assets.random_checkpoints import with_head_scale
+
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="finite number above 0"):
+            with_head_scale(config, bad)
+    from transformers import Qwen3_5Config
+
+    composite = Qwen3_5Config(text_config=config.to_dict())
+    assert with_head_scale(composite, 1.0) is composite
+    with pytest.raises(ValueError, match="text_config"):
+        with_head_scale(composite, 4.0)
 
 
 def test_real_shapes_have_their_published_sizes():

@@ -28,8 +28,9 @@ def test_every_condition_is_bitwise_equal_on_cpu(tmp_path):
     assert result["bitwise_equal"] == result["questions"] == 216 and result["settings"]["graphs"] == 0
 
 
-def test_bad_arguments():
+def test_bad_arguments(tmp_path):
     for extra in (["--probes", "0"], ["--others", "0"], ["--scale", "0"], ["--model", "gpt-5"],
-                  ["--device", "mps"], ["--device", "cpux"], ["--out", "/dev/null/x.json"]):
+                  ["--device", "mps"], ["--device", "cpux"], ["--out", "/dev/null/x.json"], ["--out", str(tmp_path)],
+                  ["--head-scale", "-1"], ["--head-scale", "nan"]):
         run = main_in_process(check_invariance.main, "--device", "cpu", *extra)
         assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, (extra, run.stderr)
