@@ -34,8 +34,8 @@ from typing import Callable, Iterable
 import torch
 import torch.nn.functional as F
 
-from ..layers.linear import GemmRows, Linear, StackedLinear, gemm_key
-from ..layers.readout import lm_head_logits, readout_key
+from ..layers.linear import GemmRows, Linear, StackedLinear, checked_rows, gemm_key
+from ..layers.readout import head_logprobs, readout_key
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +86,7 @@ def model_gemms(model) -> dict:
     head = getattr(model, "lm_head", None)
     if head is not None:
         weight = head.weight
-        found[readout_key(weight, weight.dtype)] = (
-            lambda x: torch.log_softmax(lm_head_logits(x, weight), dim=-1), weight.shape[1], weight.dtype)
+        found[readout_key(weight, weight.dtype)] = (lambda x: head_logprobs(x, weight), weight.shape[1], weight.dtype)
     return found
 
 
@@ -158,7 +157,8 @@ def enable_deterministic(device: torch.device, model=None, max_rows: int = 0, ma
         readout_counts = counts[:bisect.bisect_left(counts, max(max_readout, 1)) + 1]
         moved = {}
         try:
-            with torch.inference_mode():
+            # Outside any model's counts: each GEMM is checked as it runs unpadded.
+            with torch.inference_mode(), checked_rows(None):
                 for key, (gemm, in_features, dtype) in model_gemms(model).items():
                     checked = readout_counts if key[0] == "readout" else counts
                     moved[key] = check_rows(gemm, in_features, dtype, device, checked)
@@ -186,4 +186,3 @@ def _batch_invariant() -> str:
     if not is_batch_invariant_mode_enabled():
         enable_batch_invariant_mode()
     return "SGLang's batch-invariant GEMM, log-softmax and mean kernels"
-
