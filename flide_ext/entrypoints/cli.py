@@ -242,8 +242,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="size the state cache as F of the GPU's memory, less the weights and an 8 GiB reserve "
                        "(SGLang's flag; --state-cache-gb wins)")
     # Checked by serve (one line, exit 2), not by argparse's choices (its usage block).
-    serve.add_argument("--log-level", help=f"the server's log level: debug, info (every round logged), warning, "
-                       f"error or critical (default: {served.log_level})")
+    serve.add_argument("--log-level", help=f"the server's log level: debug (every round logged), info (the rounds' "
+                       f"stats every --decode-log-interval rounds), warning, error or critical "
+                       f"(default: {served.log_level})")
+    serve.add_argument("--decode-log-interval", type=int, metavar="N",
+                       help=f"log the rounds' stats every N rounds (SGLang's flag; default: {served.decode_log_interval})")
+    serve.add_argument("--skip-server-warmup", action="store_true", default=None,
+                       help="start without the warm-up rounds that compile every kernel variant on a CUDA device "
+                       "(SGLang's flag)")
     serve.add_argument("--log-level-http",
                        help="uvicorn's log level, its access log at info; also trace (default: --log-level)")
     serve.add_argument("--watchdog-timeout", type=float, metavar="S",

@@ -10,7 +10,9 @@ dtype, device, API key, random seed, context length, served model name,
 ``off``), ``--disable-radix-cache`` (no state cache), ``--mem-fraction-static``
 (the state cache's budget, :mod:`flide_ext.server.cache_args`),
 ``--enable-deterministic-inference`` (Flide's deterministic mode,
-:mod:`flide_ext.runtime.determinism`), ``--enable-cache-report`` (accepted: Flide
+:mod:`flide_ext.runtime.determinism`), ``--skip-server-warmup`` (no warm-up
+rounds, :mod:`flide_ext.runtime.warmup`), ``--decode-log-interval`` (rounds per
+stats line), ``--enable-cache-report`` (accepted: Flide
 always reports cached tokens), ``--enable-fp32-lm-head`` (accepted: Flide's readout
 logits are always float32, :mod:`flide_ext.layers.readout`), ``--watchdog-timeout`` (a round's time limit) and ``--max-queued-requests``
 (requests sent to the scheduler and not yet answered). ``--state-cache-gb``,
@@ -32,7 +34,7 @@ MAPPED = {
     "disable_cuda_graph", "disable_radix_cache", "mem_fraction_static", "state_cache_gb",
     "log_level", "log_level_http", "max_body_mb", "body_read_timeout",
     "watchdog_timeout", "max_queued_requests", "request_timeout", "heartbeat_timeout", "round_seconds",
-    "enable_deterministic_inference", "residual_dtype",
+    "enable_deterministic_inference", "residual_dtype", "skip_server_warmup", "decode_log_interval",
 }
 # Accepted without effect: every response's usage reports its cached tokens,
 # with or without --enable-cache-report; the readout's logits are float32 with or
@@ -97,10 +99,11 @@ def serve_args(args: argparse.Namespace):
         context_length=args.context_length,
         served_model_name=args.served_model_name,
         enable_deterministic_inference=bool(getattr(args, "enable_deterministic_inference", False)),
+        skip_server_warmup=bool(getattr(args, "skip_server_warmup", False)),
         **_capacity(args),
         **_cache(args),
         **{name: getattr(args, name) for name in ("log_level", "log_level_http") if getattr(args, name, None)},
-        **{name: getattr(args, name) for name in ("max_body_mb", "body_read_timeout")
+        **{name: getattr(args, name) for name in ("max_body_mb", "body_read_timeout", "decode_log_interval")
            if getattr(args, name, None) is not None},
         **_liveness(args),
     )

@@ -119,6 +119,7 @@ class GraphRunner:
         capture_seconds: wall time of the last :meth:`capture` (flat mode).
         capture_log: seconds per graph of the last :meth:`capture`, largest first.
         replays, eager_rounds, captures: counts since start.
+        eager: while true, every round runs eagerly (graphs held as they are).
         eager_by_cost: of the eager rounds, those a graph held but whose own
             estimated GPU time beat the graph's measured replay.
         launch_ms: wall time of one eager forward of the smallest capacity.
@@ -151,6 +152,7 @@ class GraphRunner:
         self.last_host_ms = 0.0  # host time of the last round's tables and copy (0 when it ran eagerly)
         self._events = None  # CUDA events around the last round's forward (its GPU time)
         self._keys = None
+        self.eager = False  # every round runs eagerly while set (the warm-up's eager rounds)
         if kv_pool is not None:
             # Key-array rows (pool row, logical position) of a graph round: any
             # prefix the pool holds, then the largest stream.
@@ -311,7 +313,7 @@ class GraphRunner:
         # A round without K/V rows (the cache bypassed) cannot use graphs captured over the pool.
         unpooled = self._keys is not None and plan.kv_index is None
         capacity = None if self.mode == "off" or self.model.kernel_backend == "reference" or unpooled \
-            else self._pick(plan)
+            or self.eager else self._pick(plan)
         if capacity is None:
             self.eager_rounds += 1
             self.last_host_ms = 0.0

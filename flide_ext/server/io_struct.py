@@ -31,6 +31,8 @@ class ScoreWork:
         sent: when the tokenizer manager sent it (``time.time()``, seconds).
         field: the request field the prompts came from, named when the scheduler
             refuses the request (no round can hold what it still has to compute).
+        request_id: the HTTP request's id (``X-Request-Id``, the log lines'
+            ``rid=``), which the scheduler's error lines name.
     """
 
     rid: int
@@ -40,16 +42,17 @@ class ScoreWork:
     size: Optional[RequestSize] = None
     sent: float = 0.0
     field: str = "prompts"
+    request_id: str = "-"
 
     @classmethod
     def pack(cls, rid: int, prompts: List[np.ndarray], labels: List[List[int]],
              size: Optional[RequestSize] = None, field: str = "prompts",
-             shared: Optional[int] = None) -> "ScoreWork":
+             shared: Optional[int] = None, request_id: str = "-") -> "ScoreWork":
         """A ScoreWork of ``prompts`` (non-empty ``[n]`` int64 arrays), split at
         their common prefix (``shared`` tokens when the caller knows it already:
         :attr:`~flide_ext.plan.tree.PrefixTree.shared_tokens`)."""
         n = common_prefix(prompts) if shared is None else shared
-        return cls(rid, prompts[0][:n], [p[n:] for p in prompts], labels, size, time.time(), field)
+        return cls(rid, prompts[0][:n], [p[n:] for p in prompts], labels, size, time.time(), field, request_id)
 
     @property
     def state(self) -> np.ndarray:

@@ -24,6 +24,7 @@ import os
 import signal
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -77,6 +78,8 @@ class ServeArgs:
     round_seconds: float = 1.0  # a round's time budget: its tokens capped by past rounds' seconds per token
     enable_deterministic_inference: bool = False  # SGLang's: row-invariant GEMMs (runtime/determinism.py)
     residual_dtype: Optional[str] = None  # "float32" or "model"; None: the engine's default (float32)
+    skip_server_warmup: bool = False  # SGLang's: no warm-up rounds at start (they run on CUDA devices only)
+    decode_log_interval: int = 40  # SGLang's (its default): rounds per stats line
 
 
 def serve(args: ServeArgs) -> None:
@@ -97,6 +100,7 @@ def serve(args: ServeArgs) -> None:
     """
     from .cache_args import cache_settings
 
+    launched = time.perf_counter()
     # The flags first, before the server's imports: a bad one is one quick line.
     if args.residual_dtype not in (None, *RESIDUAL_DTYPES):
         raise FlideError(f"--residual-dtype must be one of {', '.join(RESIDUAL_DTYPES)}, not {args.residual_dtype!r}")
@@ -142,7 +146,8 @@ def serve(args: ServeArgs) -> None:
     scheduler = multiprocessing.get_context("spawn").Process(
         target=run_scheduler, args=(engine_kwargs, addrs["work"], addrs["done"], capacity, fraction, log_level),
         kwargs=dict(heartbeat_addr=addrs["heartbeat"], abort_addr=addrs["abort"],
-                    round_seconds=limits["round_seconds"],
+                    round_seconds=limits["round_seconds"], log_interval=limits["decode_log_interval"],
+                    warmup=False if args.skip_server_warmup else None,
                     heartbeat_interval=heartbeat_interval(limits["heartbeat_timeout"])),
         daemon=True,
     )
@@ -151,7 +156,7 @@ def serve(args: ServeArgs) -> None:
         scheduler.start()
         # The HTTP side's imports while the scheduler loads the model.
         server = _http_server(args, path, capacity, limits, http_log_level, addrs, scheduler, heartbeats,
-                              wait_ready=lambda: _wait_ready(waiting, scheduler))
+                              wait_ready=lambda: _wait_ready(waiting, scheduler), launched=launched)
         server.run()
         if server.monitor.failure is not None:
             raise SchedulerFailed(f"{server.monitor.failure}; the server stopped")
@@ -168,7 +173,7 @@ def serve(args: ServeArgs) -> None:
 
 
 def _http_server(args: ServeArgs, path: str, capacity: RoundCapacity, limits: dict, http_log_level: str,
-                 addrs: dict, scheduler, heartbeats, wait_ready):
+                 addrs: dict, scheduler, heartbeats, wait_ready, launched: float):
     # The tokenizer manager, the app and uvicorn's server over them, once
     # wait_ready() has the scheduler's SchedulerReady (imported before: meanwhile).
     import asyncio
@@ -182,6 +187,7 @@ def _http_server(args: ServeArgs, path: str, capacity: RoundCapacity, limits: di
     from .liveness import SchedulerMonitor
     from .metrics import Metrics
     from .request_ids import uvicorn_log_config
+    from .round_log import configure_logging, logger, ready_line
     from .tokenizer_manager import TokenizerManager
 
     ready = wait_ready()
@@ -216,6 +222,12 @@ def _http_server(args: ServeArgs, path: str, capacity: RoundCapacity, limits: di
             await super().startup(sockets)
             manager.start()
             self.monitor.start()
+            if self.started:
+                configure_logging(args.log_level)
+                host = f"[{args.host}]" if ":" in args.host else args.host
+                port = self.servers[0].sockets[0].getsockname()[1] if self.servers else args.port  # --port 0's too
+                logger.info(ready_line(f"http://{host}:{port}", served, args.dtype, ready.info,
+                                       time.perf_counter() - launched))
             gc.collect()  # as the scheduler does once loaded (SGLang freezes its processes after warmup)
             gc.freeze()
 
@@ -314,7 +326,8 @@ def _limits(args: ServeArgs) -> dict:
                                        ("heartbeat_timeout", "--heartbeat-timeout", float, False),
                                        ("request_timeout", "--request-timeout", float, True),
                                        ("max_queued_requests", "--max-queued-requests", int, True),
-                                       ("round_seconds", "--round-seconds", float, False)):
+                                       ("round_seconds", "--round-seconds", float, False),
+                                       ("decode_log_interval", "--decode-log-interval", int, False)):
         value = getattr(args, name)
         if value is None and optional:
             out[name] = None

@@ -49,6 +49,7 @@ from ..runtime.rounds import RoundPace, RoundQueue, request_size
 from .cache_args import device_fraction_budget
 from .io_struct import Abort, FlushCache, FlushCacheDone, RoundCut, SchedulerReady, ScoreDone, ScoreWork
 from .liveness import RoundClock, die_with_parent, start_heartbeat
+from .round_log import RoundStatsLog, configure_logging, log_cut, log_round
 from .withdrawals import Withdrawals, start_abort_reader
 
 logger = logging.getLogger(__name__)
@@ -57,7 +58,8 @@ logger = logging.getLogger(__name__)
 def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity: RoundCapacity = RoundCapacity(),
                   mem_fraction_static: Optional[float] = None, log_level: Optional[str] = None,
                   heartbeat_addr: Optional[str] = None, heartbeat_interval: float = 1.0,
-                  round_seconds: Optional[float] = None, abort_addr: Optional[str] = None) -> None:
+                  round_seconds: Optional[float] = None, abort_addr: Optional[str] = None,
+                  warmup: Optional[bool] = None, log_interval: int = 40) -> None:
     """Process entry point: load the model, then serve rounds forever.
 
     Args:
@@ -70,14 +72,19 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
         mem_fraction_static: size the state cache from this fraction of the GPU's
             memory (:func:`~.cache_args.fraction_budget`), here, where the GPU is.
         log_level: the level of Flide's loggers in this process (the server's
-            ``--log-level``; None leaves them as they are); at ``info`` each
-            round is logged (:func:`log_round`), as SGLang logs its batches.
+            ``--log-level``; None leaves them as they are); at ``info`` the
+            rounds' stats every ``log_interval`` rounds
+            (:class:`~.round_log.RoundStatsLog`), at ``debug`` each round too.
         heartbeat_addr: ZMQ address heartbeats are pushed to (bound by the
             server; None: none are sent), once the model is loaded.
         heartbeat_interval: seconds between heartbeats.
         round_seconds: a round's time budget in seconds (None: the capacity alone).
         abort_addr: ZMQ address the manager pushes each Abort to as well (bound
             here), read while rounds run (None: a running round is never cut).
+        warmup: run the warm-up rounds (:func:`~flide_ext.runtime.warmup.warm_up`)
+            before answering anything; None: on a CUDA device only (on the CPU
+            no kernel compiles on first use).
+        log_interval: rounds per stats line (SGLang's ``--decode-log-interval``).
     """
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -92,14 +99,22 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
         start_abort_reader(context, abort_addr, withdrawals)
     try:
         if log_level is not None:
-            _configure_logging(log_level)
+            configure_logging(log_level)
         from ..runtime.engine import Engine
+        from ..runtime.memory import memory_bytes
+        from ..runtime.warmup import warm_up
 
         if mem_fraction_static is not None:
             budget = device_fraction_budget(mem_fraction_static, engine_kwargs["device"], engine_kwargs["model_path"])
             if budget is not None:
                 engine_kwargs = {**engine_kwargs, "state_cache_bytes": budget}
+        loading = time.perf_counter()
         engine = Engine(**engine_kwargs, round_capacity=capacity)
+        loaded = time.perf_counter() - loading
+        if warmup or (warmup is None and engine.device.type == "cuda"):
+            warmed = warm_up(engine)
+        else:
+            warmed = None
     except Exception as e:  # report any start failure to the parent, then stop
         done.send_pyobj(RuntimeError(f"{type(e).__name__}: {e}"))
         return
@@ -107,8 +122,13 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
     if heartbeat_addr is not None:
         start_heartbeat(context, heartbeat_addr, heartbeat_interval, clock)
     stream = engine.runner.model.stream_dtype(engine.dtype)
+    graphs = engine.graphs
     info = {"path": str(engine.path), "cache": engine.cache_stats(),
-            "residual_dtype": str(stream).removeprefix("torch.")}
+            "residual_dtype": str(stream).removeprefix("torch."), "memory": memory_bytes(engine.runner),
+            "graphs": {"count": graphs.captures if graphs is not None else 0,
+                       "seconds": graphs.capture_seconds if graphs is not None else 0.0},
+            "load_seconds": loaded - (graphs.capture_seconds if graphs is not None else 0.0),
+            "warmup": vars(warmed) if warmed is not None else None}
     # As SGLang's processes do after warmup (sglang.srt.utils.freeze_gc): the
     # model's and the graphs' objects leave the collector's generations, so a
     # full collection, whose pause holds up a round (an eager one's launches
@@ -118,6 +138,7 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
     done.send_pyobj(SchedulerReady(engine.vocab_size, engine.context_length, info))
     waiting: RoundQueue[ScoreWork] = RoundQueue(capacity)
     pace = RoundPace(round_seconds) if round_seconds is not None else None
+    stats_log = RoundStatsLog(log_interval)
 
     def measure(w: ScoreWork):
         # What it computes if its round ran now: its tree less what it resumes.
@@ -176,49 +197,19 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
                 # each one's first ``cached`` tokens came from the cache.
                 done.send_pyobj(ScoreDone(w.rid, logprobs, stream, len(batch), cached * len(w.prompts), cache=stats,
                                           stages=stages))
-            log_round(result, finish, len(waiting))  # once the answers are on their way
+            # Once the answers are on their way.
+            log_round(result, finish, len(waiting))
+            stats_log.add(result, time.perf_counter() - started, len(waiting))
         except RoundCancelled as cut:
             done.send_pyobj(RoundCut([w.rid for w in batch], engine.cache_stats()))
             log_cut(cut, len(waiting))
         except Exception:
             message = traceback.format_exc(limit=3)
-            logger.error("round failed: %s", message)
+            logger.error("round of %d requests failed: %s rid=%s", len(batch), message,
+                         ",".join(w.request_id for w in batch))
             for w in batch:
                 done.send_pyobj(ScoreDone(w.rid, error="the round failed inside the engine"))
         remeasure()
-
-
-def _configure_logging(level: str) -> None:
-    # Flide's own loggers, whatever the launcher (SGLang's included) did to the root logger.
-    package = logging.getLogger("flide_ext")
-    package.setLevel(level.upper())
-    if not package.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%Y-%m-%d %H:%M:%S"))
-        package.addHandler(handler)
-    package.propagate = False
-
-
-def log_round(result, finish: float, waiting: int) -> None:
-    """One line per round at info: its requests, questions, stream and resumed
-    tokens, the graph it replayed (tokens x segments x levels, or eager), and
-    its stages in ms (the forward's host tables and GPU span among them)."""
-    if not logger.isEnabledFor(logging.INFO):
-        return
-    rs, graph = result.stats, result.graph
-    shape = f"{graph.tokens}x{graph.segments}x{graph.levels}" if graph is not None else "eager"
-    logger.info("Decision round. #req: %d, #question: %d, #stream-token: %d, #cached-token: %d, graph: %s, "
-                "plan: %.2f ms, tables: %.2f ms, gpu: %.2f ms, forward: %.2f ms, finish: %.2f ms, #queue-req: %d",
-                rs.requests, rs.questions, rs.stream_tokens, rs.resumed_tokens, shape, 1e3 * rs.plan_seconds,
-                1e3 * rs.tables_seconds, 1e3 * rs.gpu_seconds, 1e3 * rs.forward_seconds, 1e3 * finish, waiting)
-
-
-def log_cut(cut: RoundCancelled, waiting: int) -> None:
-    """One line per round stopped because all its clients left, at info: its
-    requests, questions and stream tokens, the layers it ran, and for how long."""
-    logger.info("Decision round cancelled. #req: %d, #question: %d, #stream-token: %d, layers: %d/%d, "
-                "ran: %.2f ms, #queue-req: %d", cut.requests, cut.questions, cut.stream_tokens, cut.layers_run,
-                cut.layers, 1e3 * cut.seconds, waiting)
 
 
 def _flush(engine, work: FlushCache) -> FlushCacheDone:

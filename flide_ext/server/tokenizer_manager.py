@@ -30,6 +30,7 @@ from ..plan.tree import build_prefix_tree
 from ..runtime.rounds import tree_size
 from .io_struct import Abort, FlushCache, FlushCacheDone, RoundCut, ScoreDone, ScoreWork
 from .metrics import Metrics, RequestClock
+from .request_ids import RID
 
 
 # The stages of the HTTP request being answered (set by the HTTP server per
@@ -196,8 +197,9 @@ class TokenizerManager:
         clock = CLOCK.get()
         if clock is not None:
             clock.lap("tokenize")
+        request_id = RID.get()
         done: ScoreDone = await self._ask(lambda rid: ScoreWork.pack(rid, prompts, labels, size, field,
-                                                                     tree.shared_tokens), queued=True)
+                                                                     tree.shared_tokens, request_id), queued=True)
         if clock is not None:
             clock.stages.update(done.stages)
             clock.lap("transport")  # the whole round trip, less the scheduler's stages

@@ -31,7 +31,7 @@ PROBE = dict(prompts=1, tokens=1200)  # a round of a few tenths of a second
 
 def _serve(char_model_dir, log_dir, *flags):
     command = [sys.executable, "-m", "flide_ext.entrypoints.cli", "serve", "--model-path", str(char_model_dir),
-               "--context-length", "2000", "--round-tokens", "24000", *flags]
+               "--context-length", "2000", "--round-tokens", "24000", "--log-level", "debug", "--log-level-http", "info", *flags]
     return start_server(command, log_dir)
 
 

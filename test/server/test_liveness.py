@@ -28,7 +28,7 @@ HEAVY = dict(prompts=8, tokens=1900)
 
 def _serve(char_model_dir, tmp_path, *flags, **popen):
     command = [sys.executable, "-m", "flide_ext.entrypoints.cli", "serve", "--model-path", str(char_model_dir),
-               "--context-length", "2000", "--round-tokens", "16000", *flags]
+               "--context-length", "2000", "--round-tokens", "16000", "--log-level", "debug", "--log-level-http", "info", *flags]
     return start_server(command, tmp_path, **popen)
 
 
