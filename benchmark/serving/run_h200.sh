@@ -8,8 +8,8 @@
 #                mkdir -p .gpu && cp -r ../shared/gpu/sgl_kernel_standin ../shared/gpu/sglang-0.5.17/* .gpu/
 #   call 1 (carry .whl-sglang):     bash benchmark/serving/run_h200.sh --install .whl-sglang
 #   (once the checkout and the 37 MiB wheel pass the 64 MiB a call carries, as on 2026-12-04: here
-#    `split -b 20M -d .whl-sglang/*.whl .gpu/w/p.` into two ignored folders, carry one a call, there
-#    `cat` the pieces into /tmp/whl/<the wheel's name> and `--install /tmp/whl`)
+#    `split -b 20M -d .whl-sglang/*.whl /tmp/p.`, move p.00 into .gpu/wa/ and p.01 into .gpu/wb/ (ignored),
+#    carry one folder a call, there `cat` the pieces into /tmp/whl/<the wheel's name>, `--install /tmp/whl`)
 #   call 2 (carry .whl-server .gpu/sgl_kernel_standin):
 #        bash benchmark/serving/run_h200.sh --install .whl-server --standin .gpu/sgl_kernel_standin checkpoint flide
 #   calls 3-5 (carry .gpu/sgl0517.tar.xz.partN, one each):
