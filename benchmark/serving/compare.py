@@ -5,6 +5,10 @@ Usage::
 
     python benchmark/serving/compare.py OUT/flide/agent_a8.json OUT/sglang/agent_a8.json --out OUT/compare/agent_a8
 
+A run is benchmark/bench_serving.py's JSON or benchmark/bench_serving_sglang.py's
+JSON-lines file (SGLang's bench_serving: one line per ``--max-concurrency``, its
+``--tag`` the label; p50 is its median end-to-end latency).
+
 Ratios: latency B/A (how many times longer B takes; > 1 means A is faster),
 throughput A/B (> 1 means A answers more per second). Writes ``OUT.md`` and
 ``OUT.png``; exit status 2 with one line when a file cannot be read or the two runs
@@ -28,6 +32,29 @@ def ratio(num, den):
 
 def fmt(x, digits=1):
     return "-" if x is None else f"{x:,.{digits}f}"
+
+
+def from_jsonl(text: str, path: str) -> dict:
+    """A bench_serving_sglang.py JSON-lines file in bench_serving.py's result shape."""
+    lines = [json.loads(line) for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise ValueError("no JSON lines")
+    first = lines[0]
+    summary = [{"concurrency": line["max_concurrency"], "questions_per_s": line.get("decision_questions_per_s"),
+                "latency": {"p50_ms": line["median_e2e_latency_ms"], "p90_ms": line["p90_e2e_latency_ms"],
+                            "p99_ms": line["p99_e2e_latency_ms"]}} for line in lines]
+    levels = " ".join(str(line["max_concurrency"]) for line in lines)
+    return {"label": first.get("tag") or Path(path).parent.name, "url": "bench_serving JSON lines",
+            "settings": {"workload": first["dataset_name"], "backend": first["backend"],
+                         "requests": first["completed"] + first.get("decision_failed", 0)},
+            "summary": summary, "cold_check": None,
+            "command": f"bench_serving_sglang.py --backend {first['backend']} --dataset-name {first['dataset_name']}"
+                       f" --max-concurrency {{{levels}}}"}
+
+
+def load_run(path: str) -> dict:
+    text = Path(path).read_text()
+    return from_jsonl(text, path) if path.endswith(".jsonl") else json.loads(text)
 
 
 def rows_of(a: dict, b: dict) -> list:
@@ -131,8 +158,8 @@ def main(argv=None) -> int:
     runs = []
     for path in (args.a, args.b):
         try:
-            runs.append(json.loads(Path(path).read_text()))
-        except (OSError, json.JSONDecodeError) as e:
+            runs.append(load_run(path))
+        except (OSError, ValueError, KeyError) as e:
             print(f"compare.py: cannot read {path}: {e}", file=sys.stderr)
             return 2
     a, b = runs

@@ -64,7 +64,10 @@
 #   --workloads "W.." presets (default: "agent1500 agent1500solo agent8000 race_single multirc quality"):
 #                     agent1500 (8 agents, 1,500 + 200 a step, 12 steps, 10 criteria x 30), agent1500solo (the same,
 #                     1 agent), agent8000 (8 agents, 8,000 + 400, 8 steps), agent8000solo (the same, 1 agent), agentevict (1,000 distinct agents over
-#                     16 clients, 3 steps each), race, race_single, multirc (1/8/64 clients), quality (1/8 clients)
+#                     16 clients, 3 steps each), race, race_single, multirc (1/8/64 clients), quality (1/8 clients);
+#                     sgl_race, sgl_race_single, sgl_multirc (128 requests at 1/8/64 clients), sgl_quality (32 at 1/8):
+#                     the same datasets through SGLang's own bench_serving (benchmark/bench_serving_sglang.py), one
+#                     JSON line a level in LABEL/NAME.jsonl
 #   --bench-args "A"  extra bench_serving.py arguments for every workload (e.g. "--requests 32")
 #   --flide-tree DIR  the checkout whose flide_ext the Flide server runs (default: this one)
 #   --sglang-flags "F" extra SGLang 0.5.17 flags (default "--enable-metrics --enable-cache-report")
@@ -178,10 +181,31 @@ preset() {  # the bench_serving.py arguments of a workload preset
     esac
 }
 
+run_sglang_bench() {  # run_sglang_bench LABEL NAME: SGLang's bench_serving (bench_serving_sglang.py), one line a level
+    local label=$1 name=$2 dataset=${2#sgl_} clients prompts=128 levels="1 8 64" rc=0
+    [ "$dataset" = quality ] && { prompts=32; levels="1 8"; }
+    rm -f "$RESULTS/$label/$name.jsonl"
+    for clients in $levels; do
+        log "$label $name: bench_serving_sglang.py --dataset-name $dataset --max-concurrency $clients"
+        # shellcheck disable=SC2086
+        (cd /tmp && timeout 300 python3 "$REPO/benchmark/bench_serving_sglang.py" --backend decision-score \
+            --base-url "http://127.0.0.1:$PORT" --model "$MODEL" --dataset-name "$dataset" --num-prompts $prompts \
+            --max-concurrency "$clients" --tag "$label" --disable-tqdm --output-file "$RESULTS/$label/$name.jsonl" \
+            $BENCH_ARGS) >> "$RESULTS/$label/$name.log" 2>&1 || { rc=1; tail -n 3 "$RESULTS/$label/$name.log"; }
+        grep "^Median E2E\|^Decision questions/s" "$RESULTS/$label/$name.log" | tail -n 2 | tr -s ' ' | paste -sd ' '
+    done
+    return $rc
+}
+
 run_workloads() {  # run_workloads LABEL: results in /tmp/bench/LABEL, packed into $OUT/LABEL.tar.gz as they come
     local label=$1 name args rc=0
     mkdir -p "$RESULTS/$label"
     for name in $WORKLOADS; do
+        if [[ $name == sgl_* ]]; then
+            run_sglang_bench "$label" "$name" || rc=1
+            tar -czf "$OUT/$label.tar.gz" -C "$RESULTS" "$label"
+            continue
+        fi
         args=$(preset "$name") || { log "unknown workload preset $name"; rc=2; continue; }
         log "$label $name: bench_serving.py $args $BENCH_ARGS"
         # shellcheck disable=SC2086
@@ -358,10 +382,11 @@ step_sglang() {
 step_compare() {
     local a rc=0
     mkdir -p "$RESULTS/compare"
-    for a in "$RESULTS"/flide/*.json; do
-        local name; name=$(basename "$a" .json)
-        [ -f "$RESULTS/sglang/$name.json" ] || continue
-        python3 "$REPO/benchmark/serving/compare.py" "$a" "$RESULTS/sglang/$name.json" \
+    for a in "$RESULTS"/flide/*.json "$RESULTS"/flide/*.jsonl; do
+        local name; name=$(basename "$a")
+        [ -f "$RESULTS/sglang/$name" ] || continue
+        name=${name%.json*}
+        python3 "$REPO/benchmark/serving/compare.py" "$a" "$RESULTS/sglang/$(basename "$a")" \
             --out "$RESULTS/compare/$name" > /dev/null || rc=1
         echo "== $name"; grep "^| [a-z0-9]" "$RESULTS/compare/$name.md" | grep -v "^| metric"
     done

@@ -63,13 +63,14 @@ def wait_for_health(url: str, proc, log) -> None:
     pytest.fail("server did not start: " + log.read_text())
 
 
-def start_server(command: list, log_dir, **popen):
+def start_server(command: list, log_dir, extra_env=None, **popen):
     """Start a server (``command`` without ``--port``) on a free port and wait for
-    its health: ``(process, url, log path)``; ``popen``: more Popen arguments."""
+    its health: ``(process, url, log path)``; ``extra_env``: variables added to
+    :func:`quiet_env`; ``popen``: more Popen arguments."""
     port = free_port()
     log = log_dir / "server.log"
     proc = subprocess.Popen([*command, "--port", str(port)], stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                            env=quiet_env(), **popen)
+                            env={**quiet_env(), **(extra_env or {})}, **popen)
     url = f"http://127.0.0.1:{port}"
     wait_for_health(url, proc, log)
     return proc, url, log
