@@ -31,6 +31,8 @@
 #               run the workloads into /tmp/bench/flide (packed into $OUT/flide.tar.gz), stop it
 #   sglang      start SGLang 0.5.17 with --launch (launch.sh PARTS MODEL PORT), the same, into .../sglang
 #   compare     benchmark/serving/compare.py for every workload both engines ran
+#   inprocess   benchmark/bench_decision.py in process (no server may hold the GPU): $INPROC_WORKLOADS (default
+#               race_single multirc quality) one request at a time, with its roofline floor -> $OUT/inprocess.tar.gz
 #   sweep       benchmark/sweep_agent_graphs.py in process (no server may hold the GPU): an agent step under
 #               each graph capacity set of $SWEEP ("START:GROWTH=SET;SET;... ...") -> $OUT/sweep.tar.gz
 #   profile     benchmark/profile_round.py in process (no server may hold the GPU): an agent step resumed from
@@ -112,7 +114,7 @@ while [ $# -gt 0 ]; do
         --sglang-flags) SGLANG_FLAGS=$2; shift 2 ;;
         --port) PORT=$2; shift 2 ;;
         --keep-server) KEEP=1; shift ;;
-        checkpoint|flide|sglang|compare|profile|sweep|fidelity|smollm2|sources|invariance) STEPS+=("$1"); shift ;;
+        checkpoint|flide|sglang|compare|inprocess|profile|sweep|fidelity|smollm2|sources|invariance) STEPS+=("$1"); shift ;;
         *) echo "run_h200.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -182,7 +184,9 @@ preset() {  # the bench_serving.py arguments of a workload preset
 }
 
 run_sglang_bench() {  # run_sglang_bench LABEL NAME: SGLang's bench_serving (bench_serving_sglang.py), one line a level
-    local label=$1 name=$2 dataset=${2#sgl_} clients prompts=128 levels="1 8 64" rc=0
+    # NAME is sgl_DATASET, or sgl_DATASET@TAG for a repeat kept apart (e.g. sgl_race_single@after_load).
+    local label=$1 name=$2 base=${2%%@*} clients prompts=128 levels="1 8 64" rc=0
+    local dataset=${base#sgl_}
     [ "$dataset" = quality ] && { prompts=32; levels="1 8"; }
     rm -f "$RESULTS/$label/$name.jsonl"
     for clients in $levels; do
@@ -261,6 +265,18 @@ step_flide() {
     nvidia-smi --query-gpu=name,memory.used --format=csv,noheader > "$OUT/${label}_gpu.txt" 2>&1
     run_workloads "$label"; rc=$?
     finish "$label" "$pid"
+    return $rc
+}
+
+step_inprocess() {  # the same workloads in process (no server may hold the GPU), with the roofline floor
+    flide_env
+    local rc=0
+    mkdir -p "$RESULTS/inprocess"
+    (cd /tmp && timeout 400 python3 "$REPO/benchmark/bench_decision.py" --models "$SHAPE" \
+        --workloads ${INPROC_WORKLOADS:-race_single multirc quality} --methods flide --concurrency 1 \
+        --out "$RESULTS/inprocess/decision.jsonl") > "$RESULTS/inprocess/decision.log" 2>&1 || rc=1
+    grep -v "^\[\|it/s\]" "$RESULTS/inprocess/decision.log" | tail -n 12
+    tar -czf "$OUT/inprocess.tar.gz" -C "$RESULTS" inprocess
     return $rc
 }
 
