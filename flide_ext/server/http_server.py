@@ -44,7 +44,7 @@ from .http_errors import error_response, require_json, validation_error
 from .http_middleware import ObservedApp
 from .metrics import Metrics, RequestClock
 from .request_ids import RID
-from .tokenizer_manager import CLOCK, SchedulerError, SchedulerUnavailable, TokenizerManager
+from .tokenizer_manager import BODY_BYTES, CLOCK, SchedulerError, SchedulerUnavailable, TokenizerManager
 
 logger = logging.getLogger(__name__)
 # SGLang's API-key middleware and System One handler answer with ORJSONResponse,
@@ -89,6 +89,7 @@ def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> 
             raw = await request.body()
         except ClientDisconnect:  # it left before its body had all come: as one that leaves while it waits
             raise ClientDisconnected() from None
+        BODY_BYTES.set(len(raw))
         try:
             return orjson.loads(raw)  # SGLang's own parser: long id lists parse faster than with json
         except orjson.JSONDecodeError as e:

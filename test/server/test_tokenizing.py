@@ -1,5 +1,5 @@
 """The tokenizer manager's parsing half: requests are tokenised off the event
-loop, and a text whose lower bound on tokens already passes the context length
+loop unless their body is small, and a text whose lower bound on tokens already passes the context length
 is refused before anything tokenises it. The bound itself is checked against
 real tokenizers (character-level, byte-level BPE with NFC) on hostile texts."""
 
@@ -16,7 +16,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from flide_ext.protocol.errors import RequestError
 from flide_ext.protocol.token_bound import SLACK_BYTES, TokenBound
 from flide_ext.server.metrics import Metrics
-from flide_ext.server.tokenizer_manager import TokenizerManager
+from flide_ext.server.tokenizer_manager import BODY_BYTES, INLINE_BODY_BYTES, TokenizerManager
 from test.helpers.checkpoints import write_char_tokenizer
 from test.helpers.decisions import choice
 
@@ -174,6 +174,24 @@ def test_tokenising_runs_off_the_event_loop(manager):
     loop_thread, error = asyncio.run(decide())
     assert error.field == "input" and "does not fit the context length" in error.message
     assert manager.tokenizer.texts and loop_thread not in manager.tokenizer.threads
+
+
+@pytest.mark.parametrize("body_bytes", [1_000, INLINE_BODY_BYTES, INLINE_BODY_BYTES + 1])
+def test_small_bodies_are_tokenised_on_the_event_loop(manager, body_bytes):
+    """The HTTP server names the body's size: up to INLINE_BODY_BYTES it is
+    tokenised on the event loop's thread (no hop to a worker and back), past it
+    in a worker thread."""
+
+    async def decide():
+        BODY_BYTES.set(body_bytes)
+        with pytest.raises(RequestError) as caught:
+            await manager.decide({"input": "word " * 200, "questions": [choice("a")]})
+        return threading.get_ident(), caught.value
+
+    loop_thread, error = asyncio.run(decide())
+    assert error.field == "input" and "does not fit the context length" in error.message
+    assert len(manager.tokenizer.threads) == 1
+    assert (loop_thread in manager.tokenizer.threads) == (body_bytes <= INLINE_BODY_BYTES)
 
 
 def test_a_failed_scheduler_reaches_requests_past_zmqs_queue_limit(char_tokenizer, tmp_path):
