@@ -95,7 +95,8 @@ def serve(args: ServeArgs) -> None:
             graph capacity list; a bad state-cache flag (:func:`~.cache_args.cache_settings`); a body
             limit that is not a positive number (:func:`~.body_limits.body_limits`); a liveness or
             queue flag that is not a positive finite number (:func:`_limits`); an unknown
-            residual dtype; a port outside [0, 65535].
+            residual dtype; a port outside [0, 65535]; an address that cannot be
+            bound (a port in use: checked before the model loads).
         SchedulerFailed: the scheduler failed while serving.
     """
     from .cache_args import cache_settings
@@ -117,6 +118,9 @@ def serve(args: ServeArgs) -> None:
     if not isinstance(args.port, int) or not 0 <= args.port <= 65535:  # uvicorn would wrap it, and log the flag's
         raise FlideError(f"--port must be an integer in [0, 65535], not {args.port!r}")
     limits["max_body_bytes"], limits["body_read_timeout"] = body_limits(args.max_body_mb, args.body_read_timeout)
+    from .listen_socket import bind
+
+    listener = bind(args.host, args.port)  # before the imports and the model's load
 
     import shutil
 
@@ -126,11 +130,15 @@ def serve(args: ServeArgs) -> None:
     from .liveness import heartbeat_interval
     from .scheduler import run_scheduler
 
-    if args.random_seed is not None:
-        import torch
+    try:
+        if args.random_seed is not None:
+            import torch
 
-        torch.manual_seed(args.random_seed)
-    path = str(resolve_model_path(args.model_path))
+            torch.manual_seed(args.random_seed)
+        path = str(resolve_model_path(args.model_path))
+    except BaseException:
+        listener.close()
+        raise
     ipc = tempfile.mkdtemp(prefix="flide-")
     addrs = {name: f"ipc://{ipc}/{name}" for name in ("work", "done", "heartbeat", "abort")}
     # The readiness message is read synchronously; the asyncio socket that reads
@@ -157,7 +165,7 @@ def serve(args: ServeArgs) -> None:
         # The HTTP side's imports while the scheduler loads the model.
         server = _http_server(args, path, capacity, limits, http_log_level, addrs, scheduler, heartbeats,
                               wait_ready=lambda: _wait_ready(waiting, scheduler), launched=launched)
-        server.run()
+        server.run(sockets=[listener])
         if server.monitor.failure is not None:
             raise SchedulerFailed(f"{server.monitor.failure}; the server stopped")
         if not server.started:  # uvicorn could not listen (it logged why)
@@ -168,6 +176,7 @@ def serve(args: ServeArgs) -> None:
         signals.defer()  # a second signal now must not cut the cleanup short
         _stop(scheduler)
         sync.destroy(linger=0)
+        listener.close()
         shutil.rmtree(ipc, ignore_errors=True)
         signals.restore()
 

@@ -146,6 +146,20 @@ def test_serve_refuses_a_port_uvicorn_would_wrap_in_one_line(char_model_dir):
             run.stderr, run.stderr
 
 
+def test_serve_refuses_a_taken_port_before_it_loads_the_model(tmp_path):
+    """The port is taken before anything loads: a model path that does not
+    exist is not even looked at."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        run = main_in_process(flide_main, "serve", "--model-path", str(tmp_path / "absent"), "--port", port)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert f"cannot listen on 127.0.0.1:{port} (--host, --port): Address already in use" in run.stderr
+
+
 def test_serve_refuses_bad_liveness_flags_in_one_line(char_model_dir):
     cases = [("--watchdog-timeout", "0"), ("--heartbeat-timeout", "-1"), ("--request-timeout", "nan"),
              ("--max-queued-requests", "0"), ("--round-seconds", "0"), ("--round-seconds", "inf"),

@@ -36,6 +36,20 @@ def test_flags_flide_cannot_honour_are_refused(char_model_dir):
     assert "--tp-size" in run.stderr and "--enable-lora" in run.stderr
 
 
+def test_a_taken_port_is_refused_before_the_model_loads(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        run = subprocess.run(launch("--decision-mode", "--model-path", str(tmp_path / "absent"), "--port", port),
+                             capture_output=True, text=True, env=ENV, timeout=300)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines()[-1] == \
+        f"--decision-mode: cannot listen on 127.0.0.1:{port} (--host, --port): Address already in use"
+
+
 def test_launch_server_decision_mode_answers_like_the_engine(char_model_dir, tmp_path):
     """And a round past SGLang's --watchdog-timeout takes the server down: the
     request is answered 503 with why, and the launcher exits 1 with one line."""
