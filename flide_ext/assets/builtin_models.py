@@ -63,6 +63,26 @@ def _convert_smollm2(target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def check_model_path(name_or_path: str) -> None:
+    """Refuse a model that cannot load, without loading anything (no torch,
+    transformers or SGLang import): a built-in name, or a directory with a
+    ``config.json``.
+
+    Raises:
+        ModelLoadError: as :func:`resolve_model_path` and the loader word it.
+    """
+    if name_or_path in BUILTIN_MODELS:
+        return
+    path = Path(name_or_path).expanduser()
+    if not path.is_dir():
+        raise ModelLoadError(
+            f"model {name_or_path!r} is neither a checkpoint directory nor a built-in model "
+            f"({', '.join(BUILTIN_MODELS)})"
+        )
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"model path {str(path)!r} has no config.json")
+
+
 def resolve_model_path(name_or_path: str) -> Path:
     """A checkpoint directory for a built-in model name or a path.
 

@@ -94,13 +94,19 @@ def predicted(answer: dict) -> str:
 
 
 def run_decide(args) -> int:
-    from tqdm import tqdm
-
-    from ..runtime.engine import Engine
+    from ..assets.builtin_models import check_model_path
 
     if args.context_length is not None and args.context_length < 1:
         raise CLIError("--context-length must be at least 1")
     entries = read_entries(args.input)
+    try:
+        check_model_path(args.model)  # before the imports below: a wrong path is one line at once
+    except FlideError as e:
+        raise CLIError(str(e)) from None
+    from tqdm import tqdm
+
+    from ..runtime.engine import Engine
+
     try:
         engine = Engine(args.model, dtype=args.dtype, device=args.device, context_length=args.context_length)
     except (FlideError, ValueError) as e:
