@@ -19,6 +19,7 @@ from fastapi import Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from .request_ids import RID
 
@@ -67,3 +68,28 @@ async def validation_error(request: Request, exc: RequestValidationError) -> JSO
     text, listed = str(exc), str(exc.errors())
     message = f"{text} {listed}" if listed and listed != text else text
     return error_response(400, message, kind=HTTPStatus.BAD_REQUEST.phrase)
+
+
+def route_errors(served: list[str]):
+    """An exception handler for Starlette's ``HTTPException``: an unknown route
+    (404) or method (405) answered in SGLang's ``ErrorResponse``, naming what
+    decision mode serves (``served``: ``"POST /v1/score"``, ...); any other
+    status with its detail as the message."""
+    listing = ", ".join(served)
+
+    async def handler(request: Request, exc: HTTPException) -> JSONResponse:
+        path = request.url.path
+        if exc.status_code == 404:
+            return error_response(404, f"{request.method} {path} is not served in decision mode; it serves {listing}",
+                                  kind="NotFoundError")
+        if exc.status_code == 405:
+            allowed = {k.lower(): v for k, v in (exc.headers or {}).items()}.get("allow", "")
+            response = error_response(405, f"{path} takes {allowed or 'other methods'}, not {request.method}",
+                                      kind="MethodNotAllowedError")
+            if allowed:
+                response.headers["allow"] = allowed
+            return response
+        kind = HTTPStatus(exc.status_code).phrase if exc.status_code in HTTPStatus._value2member_map_ else "Error"
+        return error_response(exc.status_code, str(exc.detail), kind=kind)
+
+    return handler

@@ -31,6 +31,8 @@ import orjson
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from sglang.srt.entrypoints.systemone.protocol import SystemOneResponse
@@ -40,7 +42,7 @@ from ..protocol.errors import RequestError
 from ..version import __version__
 from .body_limits import BODY_READ_TIMEOUT_S, MAX_BODY_MB, BodyLimits, body_limits
 from .cancellation import ClientDisconnected, RequestTimedOut, while_client_waits
-from .http_errors import error_response, require_json, validation_error
+from .http_errors import error_response, require_json, route_errors, validation_error
 from .http_middleware import ObservedApp
 from .metrics import Metrics, RequestClock
 from .request_ids import RID
@@ -225,6 +227,9 @@ def build_app(manager: TokenizerManager, info: ServerInfo, metrics: Metrics) -> 
         return Response(content=metrics.render(), media_type="text/plain; version=0.0.4")
 
     _document_bodies(app)
+    served = [f"{'/'.join(sorted(route.methods - {'HEAD'}))} {route.path}" for route in app.routes
+              if isinstance(route, APIRoute)]
+    app.add_exception_handler(StarletteHTTPException, route_errors(served))
     return app
 
 

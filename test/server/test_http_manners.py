@@ -194,6 +194,21 @@ def test_unknown_paths_share_one_series(served):
     assert unmatched() - before == 300 and not any(p in text for p in paths)
 
 
+def test_unknown_routes_and_methods_get_sglangs_error_naming_what_is_served(served):
+    url, _ = served
+    missing = requests.post(f"{url}/generate", json={}, headers={**AUTH, "X-Request-Id": "manners-404"}, timeout=10)
+    assert missing.status_code == 404
+    body = missing.json()
+    assert body["object"] == "error" and body["type"] == "NotFoundError" and body["code"] == 404
+    assert body["rid"] == "manners-404" and body["message"].startswith("POST /generate is not served in decision mode")
+    for route in ("POST /v1/decisions", "POST /v1/systemone", "POST /v1/score", "GET /health", "GET/POST /flush_cache"):
+        assert route in body["message"]
+    wrong = requests.delete(f"{url}/v1/score", headers=AUTH, timeout=10)
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    assert wrong.json()["type"] == "MethodNotAllowedError"
+    assert wrong.json()["message"] == "/v1/score takes POST, not DELETE"
+
+
 def test_request_ids_are_echoed_and_logged(served):
     url, log = served
     ok = requests.post(f"{url}/v1/score", data=SMALL, headers={**AUTH, "Content-Type": "application/json",
