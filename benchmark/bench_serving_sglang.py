@@ -69,7 +69,7 @@ def main(argv=None) -> int:
         return loaded
 
     outcome = {}
-    sglang_tables.TALLY.__init__()
+    sglang_tables.TALLY = sglang_tables.Tally()  # this run's requests only
 
     def run(args):
         if not args.output_file:

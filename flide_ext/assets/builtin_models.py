@@ -87,7 +87,8 @@ def resolve_model_path(name_or_path: str) -> Path:
     """A checkpoint directory for a built-in model name or a path.
 
     Raises:
-        ModelLoadError: the path does not exist, or a built-in model cannot be built.
+        ModelLoadError: the path is not a directory with a ``config.json``
+            (:func:`check_model_path`), or a built-in model cannot be built.
     """
     if name_or_path in BUILTIN_MODELS:
         root = cache_dir()
@@ -97,10 +98,5 @@ def resolve_model_path(name_or_path: str) -> Path:
             if not (target / "config.json").is_file():
                 _convert_smollm2(target)
         return target
-    path = Path(name_or_path).expanduser()
-    if not path.is_dir():
-        raise ModelLoadError(
-            f"model {name_or_path!r} is neither a checkpoint directory nor a built-in model "
-            f"({', '.join(BUILTIN_MODELS)})"
-        )
-    return path
+    check_model_path(name_or_path)
+    return Path(name_or_path).expanduser()

@@ -89,7 +89,10 @@ def route_errors(served: list[str]):
             if allowed:
                 response.headers["allow"] = allowed
             return response
-        kind = HTTPStatus(exc.status_code).phrase if exc.status_code in HTTPStatus._value2member_map_ else "Error"
+        try:
+            kind = HTTPStatus(exc.status_code).phrase
+        except ValueError:  # a status the standard library does not name
+            kind = "Error"
         return error_response(exc.status_code, str(exc.detail), kind=kind)
 
     return handler
