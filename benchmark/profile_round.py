@@ -11,6 +11,12 @@ Usage::
     python benchmark/profile_round.py --model qwen3.5-4b --workload race --out profile_race.json
     python benchmark/profile_round.py --model tiny-qwen3.5 --device cpu --dtype float32 --scale 0.1  # smoke
     python benchmark/profile_round.py --model qwen3.5-4b --agent 8000:400   # a step resumed from the state cache
+    python benchmark/profile_round.py --workload race_single multirc quality --load-rounds 20 --out p.json
+
+Several ``--workload`` names are profiled one after the other on one engine (one
+start, one capture). ``--load-rounds N`` then runs N rounds of 64 requests of the
+last workload and times each workload's request again: a request's time before
+and after load, in process (no server, no HTTP).
 
 ``--agent START:GROWTH`` profiles an agent's third step instead (10 criteria of 30
 tokens): its first two steps leave the history in the state cache, so the
@@ -24,10 +30,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -93,10 +101,50 @@ def op_table(prof) -> list[dict]:
     return sorted(rows, key=lambda r: -r["device_us"])
 
 
+BREAKDOWN = ("p50 of {runs} ({stream_tokens} stream tokens, graph {graph}): {request_ms:.2f} ms = plan {plan_ms:.2f}"
+             " + forward {forward_ms:.2f} (tables {tables_ms:.2f}, GPU {gpu_ms:.2f}) + finish {finish_ms:.2f}")
+
+
+def profile_case(engine, name: str, groups: list, setup, cuda: bool, model: str, top: int, fresh: bool) -> dict:
+    """One workload's request: a warm-up round, one profiled round (kernels by
+    device time), then :func:`wall_breakdown` with ``setup`` (CUDA only); printed
+    and returned. ``fresh``: the cache is flushed before the warm-up and the
+    profiled round (each computes its whole state)."""
+    if fresh:
+        engine.flush_cache()
+    engine.run_round(groups[:1])  # warm-up: kernels compiled, the graph's first replay done
+    if fresh:
+        engine.flush_cache()
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        profiled = engine.run_round(groups[1:2])
+        if cuda:
+            torch.cuda.synchronize()
+    rows = kernel_table(prof, cuda)
+    total = sum(r["total_us"] for r in rows)
+    graph = profiled.graph
+    print(f"{model} {name}: {profiled.stats.stream_tokens} stream tokens "
+          f"({profiled.stats.resumed_tokens} resumed from the state cache), "
+          f"graph {[graph.tokens, graph.segments] if graph else None}, {len(rows)} kernel names, "
+          f"{sum(r['calls'] for r in rows)} calls, {total / 1e3:.2f} ms in all")
+    for r in rows[:top]:
+        print(f"{r['total_us'] / 1e3:9.3f} ms {r['calls']:6d}x  {r['kernel'][:100]}")
+    breakdown = wall_breakdown(engine, groups[1:2], setup=setup) if cuda else None
+    if breakdown:
+        print("one request's round, " + BREAKDOWN.format(**breakdown))
+    ops = op_table(prof) if cuda and graph is None else []
+    if ops:
+        print("by operator (eager):")
+        for r in ops[:top]:
+            print(f"{r['device_us'] / 1e3:9.3f} ms {r['calls']:6d}x  {r['op'][:100]}")
+    return {"model": model, "workload": name, "stream_tokens": profiled.stats.stream_tokens, "kernels": rows,
+            "operators": ops, "wall_breakdown": breakdown}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="qwen3.5-4b")
-    parser.add_argument("--workload", default="race", choices=list(WORKLOADS))
+    parser.add_argument("--workload", nargs="+", default=["race"], choices=list(WORKLOADS))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     parser.add_argument("--graphs", default="flat", choices=["flat", "off"])
@@ -106,6 +154,8 @@ def main(argv=None) -> int:
     parser.add_argument("--agent", default=None, metavar="START:GROWTH",
                         help="profile an agent step resumed from the state cache (history START + GROWTH a step)")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--load-rounds", type=int, default=0,
+                        help="after the profiles, run this many rounds of 64 requests, then time each workload again")
     parser.add_argument("--out", default=None)
     parser.add_argument("--dump-fla-configs", default=None, metavar="DIR",
                         help="after the run, write the configurations fla-core's autotuners chose (GPU only)")
@@ -134,6 +184,7 @@ def main(argv=None) -> int:
                     graph_capacities=capacities)
     if engine.graphs is not None:
         print(f"{len(engine.graphs.capacities)} CUDA graphs captured in {engine.graphs.capture_seconds:.1f} s")
+    cuda = device.type == "cuda"
     if args.agent:
         from agent_trajectories import AgentShape, agent_steps, label_ids, step_groups
 
@@ -146,49 +197,38 @@ def main(argv=None) -> int:
             return 2
         groups = [step_groups(trajectory, step, label_ids(shape))[0] for step in range(3)]
         engine.run_round(groups[:1])  # the first step: the history's checkpoint is left in the cache
-        groups = groups[1:]
-        args.workload = f"agent {start}+{growth}"
-    else:
-        groups = requests_for(args.workload, 3, config.vocab_size, args.scale)
-    engine.run_round(groups[:1])  # warm-up: kernels compiled, the graph's first replay done
-    cuda = device.type == "cuda"
-    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
-    with torch.profiler.profile(activities=activities) as prof:
-        profiled = engine.run_round(groups[1:2])
-        if cuda:
-            torch.cuda.synchronize()
-    rows = kernel_table(prof, cuda)
-    total = sum(r["total_us"] for r in rows)
-    graph = profiled.graph
-    print(f"{args.model} {args.workload}: {profiled.stats.stream_tokens} stream tokens "
-          f"({profiled.stats.resumed_tokens} resumed from the state cache), "
-          f"graph {[graph.tokens, graph.segments] if graph else None}, {len(rows)} kernel names, "
-          f"{sum(r['calls'] for r in rows)} calls, {total / 1e3:.2f} ms in all")
-    for r in rows[: args.top]:
-        print(f"{r['total_us'] / 1e3:9.3f} ms {r['calls']:6d}x  {r['kernel'][:100]}")
-    setup = None
-    if args.agent:
+
         def setup():  # the step before, cold: it leaves the checkpoint the profiled step resumes from
             engine.flush_cache()
             engine.run_round(groups[:1])
-    breakdown = wall_breakdown(engine, groups[1:2], setup=setup) if cuda else None
-    if breakdown:
-        print("one request's round, p50 of {runs} ({stream_tokens} stream tokens, graph {graph}): {request_ms:.2f} ms"
-              " = plan {plan_ms:.2f} + forward {forward_ms:.2f} (tables {tables_ms:.2f}, GPU {gpu_ms:.2f}) + finish "
-              "{finish_ms:.2f}".format(**breakdown))
-    ops = op_table(prof) if cuda and graph is None else []
-    if ops:
-        print("by operator (eager):")
-        for r in ops[: args.top]:
-            print(f"{r['device_us'] / 1e3:9.3f} ms {r['calls']:6d}x  {r['op'][:100]}")
+
+        cases = [(f"agent {start}+{growth}", groups[1:], setup)]
+    else:
+        # Each timed request's state is fresh, as a server's new requests are: the
+        # cache is flushed first (else a repeat resumes from the run before).
+        cases = [(name, requests_for(name, 3, config.vocab_size, args.scale), engine.flush_cache)
+                 for name in args.workload]
+    results = [profile_case(engine, name, groups, setup, cuda, args.model, args.top, not args.agent)
+               for name, groups, setup in cases]
+    if args.load_rounds and not args.agent:
+        name = args.workload[-1]
+        load = requests_for(name, 64, config.vocab_size, args.scale, seed=1)
+        t0 = time.perf_counter()
+        for _ in tqdm(range(args.load_rounds), desc=f"load: rounds of 64 {name} requests"):
+            engine.flush_cache()
+            engine.run_rounds(load)
+        print(f"load: {args.load_rounds} x 64 {name} requests in {time.perf_counter() - t0:.1f} s")
+        for entry, (case, groups, setup) in zip(results, cases):
+            entry["after_load"] = wall_breakdown(engine, groups[1:2], setup=setup) if cuda else None
+            if entry["after_load"]:
+                print(f"{case} after load: " + BREAKDOWN.format(**entry["after_load"]))
     if args.dump_fla_configs and cuda:
         from flide_ext.kernels.fla_configs import dump
 
         print(f"fla configurations of {dump(args.dump_fla_configs)} kernels written to {args.dump_fla_configs}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"model": args.model, "workload": args.workload, "graphs": args.graphs,
-                                              "stream_tokens": profiled.stats.stream_tokens, "kernels": rows,
-                                              "operators": ops, "wall_breakdown": breakdown}, indent=1))
+        out = results[0] if len(results) == 1 else {"model": args.model, "graphs": args.graphs, "workloads": results}
+        Path(args.out).write_text(json.dumps(out, indent=1))
     return 0
 
 

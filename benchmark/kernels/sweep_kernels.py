@@ -12,10 +12,12 @@ the data behind ``fork_attention_triton.TILE_OVERRIDE``'s defaults and
 * The own inter-chunk kernel against fla's on the same WY factors.
 * The inter-chunk kernel's (BLOCK_V, warps, stages), timed as the whole-tree GDN pass (GPU kernel time) beside fla's chunk kernel
   on the same tokens, with a per-kernel profile of both.
-* The whole-tree causal conv's (BLOCK_T, BLOCK_C, warps) at Qwen3.5-4B's 8,192
-  channels, its input the q/k/v columns of the stacked projection, on a single
-  RACE question's and eight MultiRC requests' graph tables; each setting's output
-  is compared with the default's (the same taps in the same order: bitwise).
+* The whole-tree causal conv's (BLOCK_T, BLOCK_C, warps), each with and without
+  the interior tiles' fast path, at Qwen3.5-4B's 8,192 channels, its input the
+  q/k/v columns of the stacked projection, on the graph tables of a single RACE
+  question, one and eight MultiRC requests and one QuALITY request; each
+  setting's output is compared with the default's (the same taps in the same
+  order: bitwise).
 
 Usage::
 
@@ -268,9 +270,11 @@ def sweep_conv(rows):
     from flide_ext.runtime.round_buffers import device_round
 
     C, stacked = 8192, 8256  # q/k/v channels of the qkv + b + a projection
-    default = cct.TREE_CONFIG
-    for name, requests, capacity in (("race_single", 1, GraphCapacity(512, 4, 2)),
-                                     ("multirc", 8, GraphCapacity(9024, 282))):
+    default, default_fast = cct.TREE_CONFIG, cct.TREE_FAST_PATH
+    for name, requests, capacity in (("race_single", 1, GraphCapacity(480, 4, 3)),
+                                     ("multirc", 1, GraphCapacity(1152, 36)),
+                                     ("multirc", 8, GraphCapacity(9024, 282)),
+                                     ("quality", 1, GraphCapacity(6336, 198))):
         owners, prompts = workload_prompts(name, requests)
         plan = plan_round(owners, prompts, "cpu")
         plan.assign_slots([-1] * plan.num_segments)
@@ -285,16 +289,18 @@ def sweep_conv(rows):
                                                  t.conv_history, t.history_slot, t.final_slot)
 
         want = run()
-        for cfg in CONV_CONFIGS:
-            cct.TREE_CONFIG = cfg
+        # Each tile setting with and without the interior tiles' fast path.
+        for cfg, fast in [(c, f) for c in CONV_CONFIGS for f in (True, False)]:
+            cct.TREE_CONFIG, cct.TREE_FAST_PATH = cfg, fast
             try:
                 same = bool(torch.equal(run(), want))
                 d = device_ms(run)
             finally:
-                cct.TREE_CONFIG = default
+                cct.TREE_CONFIG, cct.TREE_FAST_PATH = default, default_fast
             rows.append({"kernel": "conv_tree", "workload": name, "tokens": capacity.tokens, "config": cfg,
-                         "device_ms": d, "equal_to_default": same})
-            print(f"conv {name:11s} T={capacity.tokens} {cfg}: {1e3 * d:.1f} us, equal {same}", flush=True)
+                         "fast_path": fast, "device_ms": d, "equal_to_default": same})
+            print(f"conv {name:11s} T={capacity.tokens} {cfg} fast path {fast}: {1e3 * d:.1f} us, equal {same}",
+                  flush=True)
 
 
 def main() -> int:

@@ -35,6 +35,11 @@
 #               race_single multirc quality) one request at a time, with its roofline floor -> $OUT/inprocess.tar.gz
 #   sweep       benchmark/sweep_agent_graphs.py in process (no server may hold the GPU): an agent step under
 #               each graph capacity set of $SWEEP ("START:GROWTH=SET;SET;... ...") -> $OUT/sweep.tar.gz
+#   inprofile   benchmark/profile_round.py in process (no server may hold the GPU): $INPROC_WORKLOADS (default
+#               race_single multirc quality) one fresh-state request at a time, kernels by device time and the round's
+#               stages (p50), again after $LOAD_ROUNDS (20) rounds of 64 requests -> $OUT/inprofile.tar.gz
+#   sweepconv   benchmark/kernels/sweep_kernels.py --only conv: the tree conv's tiles with and without its fast path
+#               -> $OUT/sweepconv.tar.gz
 #   profile     benchmark/profile_round.py in process (no server may hold the GPU): an agent step resumed from
 #               the state cache at 8,000 + 400 and at 1,500 + 200 tokens, kernels by device time -> $OUT/profile.tar.gz
 #   fidelity    benchmark/bench_fidelity.py in process on --model: Flide and transformers bf16 against transformers
@@ -59,6 +64,10 @@
 #   --install DIR     pip-install DIR/*.whl into /tmp/site (no index, no deps); repeatable
 #   --stage PATH      copy a file, or a folder's files, into --parts; repeatable
 #   --chunk FILE      copy a piece of a file carried in pieces into /tmp/flide_chunks (the smollm2 step joins them)
+#   --sgl-chunk FILE  copy a piece of SGLang 0.5.17's parts (their concatenation cut into chunk.a, chunk.b, ...) into
+#                     /tmp/sgl_chunks; the sglang step joins them in name order into part0 (part1, part2 empty)
+#   --background-checkpoint  the checkpoint step starts make-checkpoint in the background (setsid) and returns;
+#                     a later call's checkpoint step waits for it
 #   --standin DIR     the folder holding sgl_kernel/ (sgl_kernel_standin); kept in /tmp/flide_standin for later calls
 #   --launch FILE     SGLang 0.5.17's launch.sh (default: --parts/launch.sh once staged)
 #   --parts DIR       SGLang 0.5.17's parts folder on the machine (default /tmp/sglparts)
@@ -77,7 +86,10 @@
 #   --keep-server     leave the engine's server running after its workloads (it was started with setsid, so it
 #                     outlives the call); the next call's flide/sglang step reuses it if healthy: a slow start
 #                     (SGLang's 115-200 s) is paid once when the workloads are split over several calls
-# Environment: SHAPE (qwen3.5-4b), HEAD_SCALE (1: the head tied, as in every recorded run; another value unties it), FLIDE_FLAGS (extra flags for Flide's server), FLIDE_LABEL
+# Environment: SGL_LEVELS (client counts of the sgl_* presets, e.g. "64"; default 1 8 64, QuALITY 1 8), SGL_SEED
+# (each sgl_* level draws its requests with seed SGL_SEED + clients, default 42 + clients: no level repeats another's
+# requests, whose states the server's cache would hold; give both engines the same SGL_SEED), SMI_LOG
+# (a file in $OUT for nvidia-smi's clocks, power and throttle reasons each second of the call), SHAPE (qwen3.5-4b), HEAD_SCALE (1: the head tied, as in every recorded run; another value unties it), FLIDE_FLAGS (extra flags for Flide's server), FLIDE_LABEL
 # (its results' name, default flide; e.g. flide_off for a run with --disable-radix-cache).
 set -uo pipefail
 REPO=$(pwd)
@@ -86,6 +98,8 @@ SITE=/tmp/site
 EP=/tmp/flide_ep                  # the entry point SGLang's plugin loader finds Flide by
 STANDIN_KEEP=/tmp/flide_standin
 CHUNKS=/tmp/flide_chunks           # pieces of a file too large for one call's carry (--chunk)
+SGL_CHUNKS=/tmp/sgl_chunks         # pieces of SGLang 0.5.17's three parts, joined (--sgl-chunk)
+BG_CHECKPOINT=0
 RESULTS=/tmp/bench
 PARTS=/tmp/sglparts
 MODEL=/tmp/qwen3.5-4b
@@ -104,6 +118,8 @@ while [ $# -gt 0 ]; do
         --install) INSTALL+=("$2"); shift 2 ;;
         --stage) STAGE+=("$2"); shift 2 ;;
         --chunk) mkdir -p "$CHUNKS" && cp "$2" "$CHUNKS"/ || exit 1; shift 2 ;;
+        --sgl-chunk) mkdir -p "$SGL_CHUNKS" && cp "$2" "$SGL_CHUNKS"/ || exit 1; shift 2 ;;
+        --background-checkpoint) BG_CHECKPOINT=1; shift ;;
         --standin) mkdir -p "$STANDIN_KEEP" && cp -r "$2"/. "$STANDIN_KEEP"/ || exit 1; shift 2 ;;
         --launch) LAUNCH=$2; shift 2 ;;
         --parts) PARTS=$2; shift 2 ;;
@@ -114,7 +130,8 @@ while [ $# -gt 0 ]; do
         --sglang-flags) SGLANG_FLAGS=$2; shift 2 ;;
         --port) PORT=$2; shift 2 ;;
         --keep-server) KEEP=1; shift ;;
-        checkpoint|flide|sglang|compare|inprocess|profile|sweep|fidelity|smollm2|sources|invariance) STEPS+=("$1"); shift ;;
+        checkpoint|flide|sglang|compare|inprocess|inprofile|sweepconv|profile|sweep|fidelity|smollm2|sources|invariance)
+            STEPS+=("$1"); shift ;;
         *) echo "run_h200.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -188,13 +205,15 @@ run_sglang_bench() {  # run_sglang_bench LABEL NAME: SGLang's bench_serving (ben
     local label=$1 name=$2 base=${2%%@*} clients prompts=128 levels="1 8 64" rc=0
     local dataset=${base#sgl_}
     [ "$dataset" = quality ] && { prompts=32; levels="1 8"; }
+    levels=${SGL_LEVELS:-$levels}
     rm -f "$RESULTS/$label/$name.jsonl"
     for clients in $levels; do
         log "$label $name: bench_serving_sglang.py --dataset-name $dataset --max-concurrency $clients"
         # shellcheck disable=SC2086
         (cd /tmp && timeout 300 python3 "$REPO/benchmark/bench_serving_sglang.py" --backend decision-score \
             --base-url "http://127.0.0.1:$PORT" --model "$MODEL" --dataset-name "$dataset" --num-prompts $prompts \
-            --max-concurrency "$clients" --tag "$label" --disable-tqdm --output-file "$RESULTS/$label/$name.jsonl" \
+            --max-concurrency "$clients" --seed $((${SGL_SEED:-42} + clients)) --tag "$label" --disable-tqdm \
+            --output-file "$RESULTS/$label/$name.jsonl" \
             $BENCH_ARGS) >> "$RESULTS/$label/$name.log" 2>&1 || { rc=1; tail -n 3 "$RESULTS/$label/$name.log"; }
         grep "^Median E2E\|^Decision questions/s" "$RESULTS/$label/$name.log" | tail -n 2 | tr -s ' ' | paste -sd ' '
     done
@@ -227,7 +246,19 @@ run_workloads() {  # run_workloads LABEL: results in /tmp/bench/LABEL, packed in
 step_checkpoint() {
     flide_env
     if [ -f "$MODEL/config.json" ]; then log "checkpoint $MODEL already there"; return 0; fi
+    if [ -f "$MODEL.pid" ] && kill -0 "$(cat "$MODEL.pid")" 2>/dev/null; then
+        log "waiting for the checkpoint started in the background"
+        while kill -0 "$(cat "$MODEL.pid")" 2>/dev/null; do sleep 1; done
+        tail -n 2 "$MODEL.log"
+        [ -f "$MODEL/config.json" ]; return
+    fi
     log "make-checkpoint $SHAPE into $MODEL"
+    if [ "$BG_CHECKPOINT" = 1 ]; then  # written while the next call's files travel; the next checkpoint step waits
+        (cd /tmp && exec setsid python3 -m flide_ext.entrypoints.cli make-checkpoint --shape "$SHAPE" \
+            --head-scale "$HEAD_SCALE" --output "$MODEL" > "$MODEL.log" 2>&1) &
+        echo $! > "$MODEL.pid"
+        return 0
+    fi
     (cd /tmp && python3 -m flide_ext.entrypoints.cli make-checkpoint --shape "$SHAPE" --head-scale "$HEAD_SCALE" \
         --output "$MODEL") 2>&1 | tail -n 2
 }
@@ -277,6 +308,29 @@ step_inprocess() {  # the same workloads in process (no server may hold the GPU)
         --out "$RESULTS/inprocess/decision.jsonl") > "$RESULTS/inprocess/decision.log" 2>&1 || rc=1
     grep -v "^\[\|it/s\]" "$RESULTS/inprocess/decision.log" | tail -n 12
     tar -czf "$OUT/inprocess.tar.gz" -C "$RESULTS" inprocess
+    return $rc
+}
+
+step_inprofile() {  # the fresh-state workloads in process, one request at a time (no server may hold the GPU)
+    flide_env
+    local rc=0
+    mkdir -p "$RESULTS/inprofile"
+    (cd /tmp && timeout "${INPROFILE_TIMEOUT:-400}" python3 "$REPO/benchmark/profile_round.py" --model "$SHAPE" \
+        --workload ${INPROC_WORKLOADS:-race_single multirc quality} --load-rounds "${LOAD_ROUNDS:-20}" --top 30 \
+        --out "$RESULTS/inprofile/profile.json") > "$RESULTS/inprofile/profile.log" 2>&1 || rc=1
+    grep "round, p50\|after load\|^load:\|stream tokens (" "$RESULTS/inprofile/profile.log"
+    tar -czf "$OUT/inprofile.tar.gz" -C "$RESULTS" inprofile
+    return $rc
+}
+
+step_sweepconv() {  # the tree conv's tile settings with and without its fast path, outputs compared bitwise
+    flide_env
+    local rc=0
+    mkdir -p "$RESULTS/sweepconv"
+    (cd /tmp && timeout 300 python3 "$REPO/benchmark/kernels/sweep_kernels.py" --only conv \
+        --out "$RESULTS/sweepconv/sweep_conv.json") > "$RESULTS/sweepconv/sweep_conv.log" 2>&1 || rc=1
+    grep "(32, 128, 4)\|equal False" "$RESULTS/sweepconv/sweep_conv.log"
+    tar -czf "$OUT/sweepconv.tar.gz" -C "$RESULTS" sweepconv
     return $rc
 }
 
@@ -382,6 +436,12 @@ step_sglang() {
         log "SGLang already running (PID $pid)"
     else
         [ -f "$LAUNCH" ] || { log "no launch.sh at $LAUNCH (--launch)"; return 1; }
+        if [ ! -f "$PARTS/sgl0517.tar.xz.part0" ] && [ -d "$SGL_CHUNKS" ]; then
+            # The three parts' concatenation, carried in chunks: launch.sh joins part0..2 and checks SHA256.
+            cat "$SGL_CHUNKS"/chunk.* > "$PARTS/sgl0517.tar.xz.part0" && : > "$PARTS/sgl0517.tar.xz.part1" \
+                && : > "$PARTS/sgl0517.tar.xz.part2" || return 1
+            log "joined $(ls "$SGL_CHUNKS" | wc -l) chunks into $PARTS/sgl0517.tar.xz.part0"
+        fi
         log "start SGLang 0.5.17 on $MODEL (port $PORT; $SGLANG_FLAGS)"
         # shellcheck disable=SC2086
         pid=$(OUT=$OUT bash "$LAUNCH" "$PARTS" "$MODEL" "$PORT" $SGLANG_FLAGS | tail -n 1)
@@ -410,6 +470,13 @@ step_compare() {
     return $rc
 }
 
+# The GPU's clocks, temperature, power and throttle reasons each second of this call ($SMI_LOG names the file).
+if [ -n "${SMI_LOG:-}" ]; then
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active \
+        --format=csv -l 1 > "$OUT/$SMI_LOG" 2>&1 &
+    SMI_PID=$!
+    trap 'kill $SMI_PID 2>/dev/null' EXIT
+fi
 status=0
 for step in "${STEPS[@]}"; do
     "step_$step" || { status=1; log "step $step failed"; }

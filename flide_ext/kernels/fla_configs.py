@@ -22,6 +22,10 @@ import sys
 from pathlib import Path
 
 SHIPPED = Path(__file__).with_name("fla_configs")
+# Per compute capability, the shipped folder another GPU of that architecture
+# uses when none was tuned on it (the H100 runs the H200's configurations: the
+# same Hopper multiprocessors; the tiles fit the same shared memory).
+BY_CAPABILITY = {(9, 0): "NVIDIA_H200"}
 
 
 def gpu_dir_name(name: str) -> str:
@@ -30,9 +34,10 @@ def gpu_dir_name(name: str) -> str:
 
 
 def use_shipped() -> bool:
-    """Point fla-core at the configurations shipped for this process's GPU, unless
-    ``FLA_CONFIG_DIR`` or ``FLA_CACHE_MODE`` is set already or fla was imported.
-    True when the shipped ones are in use."""
+    """Point fla-core at the configurations shipped for this process's GPU (or,
+    for a GPU with none, for its architecture: :data:`BY_CAPABILITY`), unless
+    ``FLA_CONFIG_DIR`` or ``FLA_CACHE_MODE`` is set already, ``FLA_GPU_NAME``
+    names a GPU with none, or fla was imported. True when the shipped ones are in use."""
     if "fla" in sys.modules or "FLA_CONFIG_DIR" in os.environ or "FLA_CACHE_MODE" in os.environ:
         return False
     import torch
@@ -40,8 +45,11 @@ def use_shipped() -> bool:
     if not torch.cuda.is_available():
         return False
     # FLA_GPU_NAME is fla's own override of the GPU it picks configs for.
-    folder = SHIPPED / gpu_dir_name(os.environ.get("FLA_GPU_NAME") or torch.cuda.get_device_name(0))
-    if not folder.is_dir():
+    named = os.environ.get("FLA_GPU_NAME")
+    folder = SHIPPED / gpu_dir_name(named or torch.cuda.get_device_name(0))
+    if not folder.is_dir() and not named:
+        folder = SHIPPED / BY_CAPABILITY.get(tuple(torch.cuda.get_device_capability(0)), "")
+    if folder == SHIPPED or not folder.is_dir():
         return False
     os.environ["FLA_CONFIG_DIR"] = str(folder)
     os.environ["FLA_CACHE_MODE"] = "full"

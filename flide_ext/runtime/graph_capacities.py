@@ -1,6 +1,7 @@
 """The flat CUDA graphs' capacities: what one graph holds, which graphs are
-captured at start (:func:`default_capacities`), and the ``--graph-capacities``
-syntax (:func:`parse_capacities`)."""
+captured at start (:func:`default_capacities`), the ``--graph-capacities``
+syntax (:func:`parse_capacities`), and which graph replays in another's place
+(:func:`faster_graphs`)."""
 
 from __future__ import annotations
 
@@ -103,3 +104,34 @@ def default_capacities(tokens: int, segments: int, levels: int = 4, smallest: in
         t = max(t + rows, -(-int(t * factor) // rows) * rows)
     out.append(GraphCapacity(tokens, segments, levels))
     return sorted(set(out), key=lambda c: (c.tokens, c.segments, c.levels))
+
+
+# How much faster (a fraction of its replay) a larger graph must replay than the
+# smallest one holding a round to be replayed instead (timing noise stays out).
+FASTER_MARGIN = 0.03
+
+
+def faster_graphs(replay_ms: dict, margin: float = FASTER_MARGIN) -> dict:
+    """Which larger graph to replay in place of each graph: a GEMM's kernel (its
+    tiles) is chosen by its row count, so a graph of more rows can replay faster
+    than a smaller one (on the H200, cuBLAS's 480-row Qwen3.5-4B MLP GEMMs ran
+    slower than its 512-row ones). A graph's stand-in holds every round it holds
+    (no fewer tokens, segments or levels) and replays at least ``margin`` of its
+    time faster; the fastest such graph is chosen.
+
+    Args:
+        replay_ms: ``{GraphCapacity: measured replay ms}``.
+        margin: the fraction of a graph's replay time a stand-in must save.
+
+    Returns:
+        ``{capacity: the capacity to replay instead}``, only for graphs that have one.
+    """
+    out = {}
+    for c, ms in replay_ms.items():
+        bigger = [(d_ms, d.tokens, d.segments, d.levels, d) for d, d_ms in replay_ms.items()
+                  if d != c and d.tokens >= c.tokens and d.segments >= c.segments and d.levels >= c.levels]
+        if bigger:
+            best = min(bigger, key=lambda t: t[:4])
+            if best[0] < (1.0 - margin) * ms:
+                out[c] = best[4]
+    return out

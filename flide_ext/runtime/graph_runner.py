@@ -5,7 +5,9 @@ tokens x segments x readout rows, and tree levels). A graph's inputs are the
 static device buffers of a :class:`~.round_buffers.RoundBuffers`: the round's
 token ids and positions, its segment table, every kernel's tables and the
 readout rows, all padded to the capacity (:mod:`flide_ext.kernels.tables`), so
-a round of any mix of requests replays the smallest graph that holds it.
+a round of any mix of requests replays the smallest graph that holds it, or a
+larger one whose replay was measured faster at capture
+(:func:`~.graph_capacities.faster_graphs`).
 Selective readout (final norm and LM head on the readout rows) is inside the
 graph.
 
@@ -42,7 +44,7 @@ from ..kernels.gated_delta_rule import fla_available
 from ..kernels.tables import TableCapacity
 from ..models.base import ForwardCancelled
 from ..plan.flat import FlatPlan, plan_round
-from .graph_capacities import GraphCapacity
+from .graph_capacities import GraphCapacity, faster_graphs
 from .round_buffers import RoundBuffers, device_round
 
 logger = logging.getLogger(__name__)
@@ -53,6 +55,9 @@ MODES = ("flat", "per_shape", "off")
 LEVEL_PROGRAMS = 256
 # Graphs per_shape mode keeps (least recently used dropped first).
 PER_SHAPE_GRAPHS = 16
+# Replays timed (their median kept) for each graph of up to TIMED_TOKENS rows at
+# capture; larger graphs, whose replay takes longer than their launches, are timed once.
+REPLAY_TIMINGS, TIMED_TOKENS = 5, 8192
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,7 @@ class _Graph:
         self.graph: Optional[torch.cuda.CUDAGraph] = None
         self.plan: Optional[FlatPlan] = None  # the device plan over the buffers
         self.output: Optional[torch.Tensor] = None
-        self.replay_ms = 0.0  # one replay, measured after capture
+        self.replay_ms = 0.0  # its replay's wall time, measured after capture (GraphRunner._time_replay)
 
 
 class GraphRunner:
@@ -152,6 +157,7 @@ class GraphRunner:
         self.last_host_ms = 0.0  # host time of the last round's tables and copy (0 when it ran eagerly)
         self._events = None  # CUDA events around the last round's forward (its GPU time)
         self._keys = None
+        self._faster: Optional[dict] = None  # faster_graphs() of the captured graphs, made at the first pick
         self.eager = False  # every round runs eagerly while set (the warm-up's eager rounds)
         if kv_pool is not None:
             # Key-array rows (pool row, logical position) of a graph round: any
@@ -190,6 +196,7 @@ class GraphRunner:
             return 0.0
         start = time.perf_counter()
         self.capture_log = []
+        self._faster = None
         for capacity in sorted(self.capacities, key=lambda c: -c.tokens):
             t0 = time.perf_counter()
             self._capture(capacity)
@@ -242,16 +249,25 @@ class GraphRunner:
                 entry.output.copy_(logprobs)
                 del logprobs
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
-        t0 = time.perf_counter()
-        entry.graph.replay()
-        torch.cuda.synchronize(self.device)
-        entry.replay_ms = 1e3 * (time.perf_counter() - t0)
+        entry.replay_ms = self._time_replay(entry.graph, REPLAY_TIMINGS if capacity.tokens <= TIMED_TOKENS else 1)
         if self._pool is None:
             self._pool = entry.graph.pool()
         (self._graphs if into is None else into)[capacity] = entry
+        if into is None:
+            self._faster = None  # a new flat graph may stand in for others
         self.captures += 1
         return entry
+
+    def _time_replay(self, graph: torch.cuda.CUDAGraph, times: int) -> float:
+        # The median of ``times`` replays' wall time (ms), each waited for.
+        spans = []
+        for _ in range(times):
+            torch.cuda.synchronize(self.device)
+            t0 = time.perf_counter()
+            graph.replay()
+            torch.cuda.synchronize(self.device)
+            spans.append(1e3 * (time.perf_counter() - t0))
+        return sorted(spans)[len(spans) // 2]
 
     def _pick(self, plan: FlatPlan) -> Optional[GraphCapacity]:
         size = (plan.num_tokens, int(plan.seg_start.numel()), plan.num_levels, int(plan.readout_rows.numel()))
@@ -260,6 +276,9 @@ class GraphRunner:
             return None
         if self.mode == "per_shape":
             return GraphCapacity(size[0], max(size[1], size[3]), size[2])
+        if self._faster is None:
+            self._faster = faster_graphs({c: e.replay_ms for c, e in self._graphs.items()})
+        fits = self._faster.get(fits, fits)
         entry = self._graphs.get(fits)
         if entry is not None and self._eager_ms(size[0]) < entry.replay_ms:
             self.eager_by_cost += 1
@@ -332,7 +351,7 @@ class GraphRunner:
                 self._shaped.popitem(last=False)
         else:
             entry = self._graphs.get(capacity) or self._capture(capacity)
-        device_round(plan, self.spec, self.device, capacity.tables, capacity.segments, entry.buffers)
+        device_round(plan, self.spec, self.device, capacity.tables, capacity.segments, entry.buffers, device_plan=False)
         if self._keys is not None:
             self._write_keys(plan)
         self.last_host_ms = 1e3 * (time.perf_counter() - t0)

@@ -27,6 +27,27 @@ _ALIGN = 16
 _HOST_FIELDS = ("prompt_readout",)
 
 
+def _padding(plan: FlatPlan, capacity: TableCapacity, readouts: int) -> dict:
+    # ``{field: (host tensor or None, padded size, fill)}`` of pad_plan, after its checks.
+    T, S_all, R = plan.num_tokens, int(plan.seg_start.numel()), int(plan.readout_rows.numel())
+    if T > capacity.tokens or S_all > capacity.segments or plan.num_levels > capacity.levels or R > readouts:
+        raise ValueError(f"a round of {T} tokens, {S_all} segments, {plan.num_levels} levels and {R} readout "
+                         f"rows does not fit {capacity} with {readouts} readout rows")
+    if plan.num_prefix_rows and plan.kv_index is None:
+        raise ValueError("a round resuming from checkpoints is padded only with its K/V rows in a pool")
+    fill = {"token_ids": 0, "positions": 0, "token_segment": capacity.segments, "seg_start": T, "seg_parent": -1,
+            "seg_request": -1, "seg_depth": -1, "seg_slot": -1, "seg_initial_slot": -1, "stream_rows": plan.kv_scratch}
+    out = {name: (getattr(plan, name), capacity.tokens, fill[name]) for name in _ROW_FIELDS}
+    for name in _SEGMENT_FIELDS:
+        out[name] = (getattr(plan, name), capacity.segments + 1, fill.get(name, 0))
+    # With a K/V pool the key array (kv_index, kv_positions) lives in the graph
+    # runner's shared buffer; without one it is the stream's own rows.
+    out["kv_positions"] = out["positions"] if plan.kv_index is None else (None, 0, 0)
+    out["kv_index"] = (None, 0, 0)
+    out["readout_rows"] = (plan.readout_rows, readouts, 0)
+    return out
+
+
 def pad_plan(plan: FlatPlan, capacity: TableCapacity, readouts: int) -> FlatPlan:
     """The plan with its tensors padded to ``capacity`` (host tensors in, host out).
 
@@ -39,27 +60,10 @@ def pad_plan(plan: FlatPlan, capacity: TableCapacity, readouts: int) -> FlatPlan
     Raises:
         ValueError: the round does not fit (tokens, segments, levels or ``readouts``).
     """
-    T, S_all, R = plan.num_tokens, int(plan.seg_start.numel()), int(plan.readout_rows.numel())
-    if T > capacity.tokens or S_all > capacity.segments or plan.num_levels > capacity.levels or R > readouts:
-        raise ValueError(f"a round of {T} tokens, {S_all} segments, {plan.num_levels} levels and {R} readout "
-                         f"rows does not fit {capacity} with {readouts} readout rows")
-    if plan.num_prefix_rows and plan.kv_index is None:
-        raise ValueError("a round resuming from checkpoints is padded only with its K/V rows in a pool")
-    pad_seg = capacity.segments
-
     def grow(t, size, fill):
         return torch.cat([t, torch.full((size - t.numel(),), fill, dtype=t.dtype)]) if t is not None else None
 
-    fill = {"token_ids": 0, "positions": 0, "token_segment": pad_seg, "seg_start": T, "seg_parent": -1,
-            "seg_request": -1, "seg_depth": -1, "seg_slot": -1, "seg_initial_slot": -1, "stream_rows": plan.kv_scratch}
-    changes = {name: grow(getattr(plan, name), capacity.tokens, fill[name]) for name in _ROW_FIELDS}
-    for name in _SEGMENT_FIELDS:
-        changes[name] = grow(getattr(plan, name), capacity.segments + 1, fill.get(name, 0))
-    # With a K/V pool the key array (kv_index, kv_positions) lives in the graph
-    # runner's shared buffer; without one it is the stream's own rows.
-    changes["kv_positions"] = changes["positions"] if plan.kv_index is None else None
-    changes["kv_index"] = None
-    changes["readout_rows"] = grow(plan.readout_rows, readouts, 0)
+    changes = {name: grow(*padding) for name, padding in _padding(plan, capacity, readouts).items()}
     return replace(plan, _level_tables=None, **changes)
 
 
@@ -144,6 +148,47 @@ class RoundBuffers:
         for name, (view, as_bytes) in self._host_views.items():
             t = named[name]
             view[...] = (t.reshape(-1).view(torch.uint8) if as_bytes else t).numpy()
+        self._copy_in()
+        return self._device_plan(plan, tables, with_levels)
+
+    def write_padded(self, plan: FlatPlan, capacity: TableCapacity, readouts: int, tables: dict) -> None:
+        """:meth:`write` of ``pad_plan(plan, capacity, readouts)`` and ``tables``
+        without levels, into buffers whose layout an earlier such write fixed,
+        padding each field in the pinned buffer itself and building no device
+        plan (a graph's replay reads the device plan it was captured over).
+        The bytes copied are :meth:`write`'s.
+
+        Raises:
+            ValueError: as :func:`pad_plan`; no layout is fixed yet, or the round's
+                fields or shapes differ from it.
+        """
+        padding = _padding(plan, capacity, readouts)
+        if self._layout is None:
+            raise ValueError("write_padded needs the buffers' layout fixed by an earlier write")
+        values = {name: (t, size, fill) for name, (t, size, fill) in padding.items() if t is not None}
+        for f in fields(FlatPlan):
+            value = getattr(plan, f.name)
+            if f.name not in padding and f.name not in _HOST_FIELDS and isinstance(value, torch.Tensor):
+                values[f.name] = (value, value.numel(), 0)
+        for name, value in tables.items():
+            if name == "attention":
+                for i, t in enumerate(value[1:]):
+                    values[f"attention{i}"] = (t, t.numel(), 0)
+            elif isinstance(value, torch.Tensor):
+                values[name] = (value, value.numel(), 0)
+        if values.keys() != self._host_views.keys():
+            raise ValueError("a round's tensors do not match the buffers' layout")
+        for name, (view, as_bytes) in self._host_views.items():
+            t, size, fill = values[name]
+            n = t.numel()
+            if as_bytes or view.size != size or n > size or (t.dim() > 1 and tuple(t.shape) != view.shape):
+                raise ValueError(f"a round's {name} does not match the buffers' layout")
+            flat = view.reshape(-1)
+            flat[:n] = t.reshape(-1).numpy()
+            flat[n:] = fill
+        self._copy_in()
+
+    def _copy_in(self) -> None:
         if self.device.type == "cpu":
             self._device.copy_(self._host)
         else:
@@ -151,7 +196,6 @@ class RoundBuffers:
             # finished before it is overwritten, which the round's readout
             # (a device-to-host copy on the same stream) guarantees.
             self._device.copy_(self._host, non_blocking=True)
-        return self._device_plan(plan, tables, with_levels)
 
     def _device_plan(self, plan: FlatPlan, tables: Optional[dict], with_levels: bool) -> FlatPlan:
         v = self._views
@@ -167,7 +211,8 @@ class RoundBuffers:
 
 
 def device_round(plan: FlatPlan, spec, device, capacity: Optional[TableCapacity] = None,
-                 readouts: Optional[int] = None, buffers: Optional[RoundBuffers] = None) -> FlatPlan:
+                 readouts: Optional[int] = None, buffers: Optional[RoundBuffers] = None,
+                 device_plan: bool = True) -> Optional[FlatPlan]:
     """Pad (when ``capacity`` is given), build the kernel tables and copy a host
     plan to ``device`` through ``buffers`` (a fresh :class:`RoundBuffers` if None).
 
@@ -176,10 +221,14 @@ def device_round(plan: FlatPlan, spec, device, capacity: Optional[TableCapacity]
         spec: the model's :class:`~flide_ext.runtime.graph_runner.TableSpec`
             (None: no kernel tables, e.g. for the CPU references).
         capacity, readouts: sizes to pad to (graph rounds), or None for the round's own.
+        device_plan: False: the caller needs only the device buffers written (a
+            graph's replay); padded into ``buffers`` whose layout is fixed
+            already, nothing is returned (:meth:`RoundBuffers.write_padded`).
 
     Returns:
         The device plan (tensors are views of ``buffers``), with its
-        :class:`~flide_ext.kernels.tables.KernelTables` when ``spec`` is given.
+        :class:`~flide_ext.kernels.tables.KernelTables` when ``spec`` is given;
+        None when ``device_plan`` is False and the fast path wrote it.
 
     Raises:
         ValueError: the round does not fit ``capacity``/``readouts``, resumes from
@@ -187,6 +236,10 @@ def device_round(plan: FlatPlan, spec, device, capacity: Optional[TableCapacity]
     """
     buffers = buffers or RoundBuffers(device)
     tables = None
+    if not device_plan and capacity is not None and spec is not None and buffers._layout is not None:
+        tables = build_tables(plan, capacity, spec.conv_width, spec.tokens_per_block, spec.level_programs(capacity))
+        buffers.write_padded(plan, capacity, readouts or int(plan.readout_rows.numel()), tables)
+        return None
     if capacity is not None:
         padded = pad_plan(plan, capacity, readouts or int(plan.readout_rows.numel()))
     else:

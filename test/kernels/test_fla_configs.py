@@ -19,6 +19,7 @@ def gpu(monkeypatch):
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (9, 0))
     return monkeypatch
 
 
@@ -28,6 +29,22 @@ def test_shipped_configs_used_on_their_gpu(gpu):
     assert fla_configs.use_shipped()
     assert os.environ["FLA_CONFIG_DIR"] == str(fla_configs.SHIPPED / "NVIDIA_H200")
     assert os.environ["FLA_CACHE_MODE"] == "full"
+
+
+def test_another_gpu_of_the_architecture_uses_its_configs(gpu):
+    """An H100 (no folder of its own) runs the H200's, a Hopper GPU as it is; a
+    GPU of another architecture autotunes as before."""
+    import os
+
+    gpu.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
+    assert fla_configs.use_shipped()
+    assert os.environ["FLA_CONFIG_DIR"] == str(fla_configs.SHIPPED / "NVIDIA_H200")
+    for name in ("FLA_CONFIG_DIR", "FLA_CACHE_MODE"):
+        gpu.delenv(name)
+    gpu.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA A100-SXM4-80GB")
+    gpu.setattr(torch.cuda, "get_device_capability", lambda index=0: (8, 0))
+    assert not fla_configs.use_shipped()
+    assert "FLA_CONFIG_DIR" not in os.environ
 
 
 @pytest.mark.parametrize("setting", [("FLA_CONFIG_DIR", "/elsewhere"), ("FLA_CACHE_MODE", "disabled"),

@@ -160,6 +160,47 @@ def test_tree_conv_equals_level_conv_and_triton():
             causal_conv1d_tree(x, weight, bias, pool.clone(), *tabs, split=bad, backend="triton")
 
 
+@pytest.mark.parametrize("config", [(16, 32, 4), (8, 64, 2)])
+def test_tree_conv_interior_tiles_take_the_fast_path_bit_for_bit(config):
+    """Tiles whose rows all lie W-1 or more rows into their own segment read no
+    history (:data:`~flide_ext.kernels.causal_conv1d.kernel.TREE_FAST_PATH`):
+    the same outputs, final windows and padding zeros as the general path, bit
+    for bit, and the reference's; a long root (several interior tiles), two
+    children (tiles straddling segments), a short root resumed from a
+    checkpoint window, padding rows."""
+    import flide_ext.kernels.causal_conv1d.kernel as cct
+
+    parent, length, request = [-1, -1, 0, 0, 1], [70, 2, 37, 5, 4], [0, 1, 0, 0, 1]
+    start = [0, 70, 72, 109, 114]
+    T, C, W = 118, 40, 4
+    gen = torch.Generator().manual_seed(11)
+    x = torch.cat([torch.randn(T + 5, C, generator=gen), torch.randn(T + 5, 3, generator=gen)], dim=1)[:, :C]
+    weight, bias = torch.randn(C, W, generator=gen), torch.randn(C, generator=gen)
+    pool = torch.randn(8, C, W - 1, generator=gen)
+    pad = len(length)
+    tabs = [torch.tensor([s for s in range(pad) for _ in range(length[s])] + [pad] * 5),
+            torch.tensor(start + [T]), torch.tensor(length + [0]),
+            torch.cat([torch.tensor(conv_history(parent, start, length, request, {1}, W)), torch.full((1, W - 1), -1)]),
+            torch.tensor([-1, 6, -1, -1, 6, -1]), torch.tensor([1, 2, -1, 3, 4, -1])]
+    want_pool = pool.clone()
+    want = causal_conv1d_tree_ref(x, weight, bias, want_pool, *tabs)
+    outs, pools = [], []
+    saved = cct.TREE_CONFIG, cct.TREE_FAST_PATH
+    try:
+        cct.TREE_CONFIG = config
+        for fast in (True, False):
+            cct.TREE_FAST_PATH = fast
+            pools.append(pool.clone())
+            outs.append(causal_conv1d_tree_triton(x, weight, bias, pools[-1], *(t.int() for t in tabs)))
+    finally:
+        cct.TREE_CONFIG, cct.TREE_FAST_PATH = saved
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(pools[0], pools[1])
+    torch.testing.assert_close(outs[0], want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pools[0], want_pool, rtol=0, atol=0)
+    assert bool((outs[0][T:] == 0).all())
+
+
 def _logprobs(model, plan, pool):
     with torch.inference_mode():
         return model(plan, pool)
@@ -213,6 +254,47 @@ def test_reused_buffers_forget_the_last_round(tiny_dirs):
     assert torch.equal(reused[:2], fresh[:2])
     with pytest.raises(ValueError, match="layout"):
         device_round(small, spec, "cpu", TableCapacity(tokens=100, segments=12, levels=3), 12, buffers)
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_write_padded_copies_the_bytes_of_the_padded_plan(pooled):
+    """A graph round's fast path (each field padded in the pinned buffer, no
+    padded or device plan built) writes byte for byte what padding the plan and
+    writing it does, round after round into one layout: rounds with and without
+    K/V pool rows, resumed from a checkpoint, of other sizes; and refuses what
+    does not fit or has another layout."""
+    spec = TableSpec(conv_width=4, tokens_per_block=16)
+    cap, readouts = TableCapacity(tokens=200, segments=12, levels=3), 12
+
+    def planned(requests, prompts, resume=None):
+        plan = keep_parent_states(plan_round(requests, prompts, "cpu", resume))
+        if pooled:
+            prefix = sum(r.length for r in (resume or {}).values())
+            plan.assign_kv_rows(torch.arange(1000, 1000 + prefix), torch.arange(10, 10 + plan.num_tokens), 999)
+        return plan
+
+    rounds = [planned(*_round(seed=5, state=120)), planned([0, 0], [[5, 6, 7, 8, 9, 10], [5, 6, 7, 11]]),
+              planned(*_round(seed=2, state=40))]
+    if pooled:
+        rounds.append(planned([0, 0, 1], [[1, 2, 3, 4, 5], [1, 2, 3, 4, 6], [7, 8]], {0: Resume(2, 3, 0)}))
+    slow, fast = RoundBuffers("cpu"), RoundBuffers("cpu")
+    device_round(rounds[0], spec, "cpu", cap, readouts, fast)  # fixes the layout
+    for plan in rounds:
+        device_round(plan, spec, "cpu", cap, readouts, slow)
+        assert device_round(plan, spec, "cpu", cap, readouts, fast, device_plan=False) is None
+        # Every field's bytes (the alignment gaps between fields are never written).
+        assert fast._views.keys() == slow._views.keys()
+        for name, view in fast._views.items():
+            assert torch.equal(view.view(torch.uint8), slow._views[name].view(torch.uint8)), name
+    with pytest.raises(ValueError, match="does not fit"):
+        device_round(rounds[0], spec, "cpu", TableCapacity(tokens=100, segments=12, levels=3), readouts, fast,
+                     device_plan=False)
+    other = RoundBuffers("cpu")
+    device_round(rounds[1], spec, "cpu", TableCapacity(tokens=150, segments=12, levels=3), readouts, other)
+    with pytest.raises(ValueError, match="layout"):
+        device_round(rounds[1], spec, "cpu", cap, readouts, other, device_plan=False)
+    with pytest.raises(ValueError, match="layout fixed"):
+        RoundBuffers("cpu").write_padded(rounds[1], cap, readouts, {})
 
 
 def test_pad_plan_refuses_what_does_not_fit(tiny_dirs):
@@ -281,6 +363,27 @@ def test_capacities():
         parse_capacities("512:32", levels=0)
     assert GraphCapacity(512, 32, 2).holds(512, 32, 2, 32)
     assert not GraphCapacity(512, 32, 2).holds(512, 32, 3, 1)
+
+
+def test_faster_graphs_stand_in_only_when_they_hold_every_round_and_save_time():
+    """A larger graph stands in for a smaller one when it holds every round the
+    smaller holds (tokens, segments and levels) and replays at least the margin
+    faster; among several, the fastest (then the smallest) is chosen."""
+    from flide_ext.runtime.graph_capacities import FASTER_MARGIN, faster_graphs
+
+    small, lean_512, full_512, wide = (GraphCapacity(480, 3, 2), GraphCapacity(512, 4, 2), GraphCapacity(512, 16),
+                                       GraphCapacity(544, 17))
+    replay = {small: 10.0, lean_512: 9.5, full_512: 9.0, wide: 10.4}
+    assert faster_graphs(replay) == {small: full_512, lean_512: full_512}
+    # Fewer levels or segments than the graph it would replace: never a stand-in.
+    assert faster_graphs({GraphCapacity(480, 15): 10.0, lean_512: 1.0}) == {}
+    assert faster_graphs({GraphCapacity(480, 3, 3): 10.0, GraphCapacity(512, 4, 2): 1.0}) == {}
+    # Within the margin (timing noise): the smaller one stays.
+    assert faster_graphs({small: 10.0, lean_512: 10.0 * (1 - FASTER_MARGIN / 2)}) == {}
+    assert faster_graphs({small: 10.0, lean_512: 10.0 * (1 - 2 * FASTER_MARGIN)}) == {small: lean_512}
+    # Equal times: the smaller of the stand-ins.
+    assert faster_graphs({small: 10.0, lean_512: 5.0, full_512: 5.0}) == {small: lean_512}
+    assert faster_graphs({}) == {}
 
 
 def test_runner_without_graphs_answers_as_the_engine(tiny_dirs):

@@ -24,6 +24,10 @@ BLOCK_T, BLOCK_C = 32, 128
 # The whole-tree kernel's (rows, channels, warps) per program
 # (benchmark/kernels/sweep_kernels.py --only conv).
 TREE_CONFIG = (32, 128, 4)
+# Whether a tile whose rows all lie at least W-1 rows into their own segments
+# (most tiles of a long segment) skips the history lookups: its taps then read
+# only stream rows, with the same products summed in the same order.
+TREE_FAST_PATH = True
 
 
 @triton.jit
@@ -167,7 +171,7 @@ def _causal_conv1d_tree_kernel(
     X, WEIGHT, BIAS, POOL, OUT, TOKEN_SEG, SEG_START, SEG_LEN, HISTORY, HISTORY_SLOT,
     T, C, stride_x, stride_out, B1, B2,
     WIDTH: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
-    HAS_BIAS: tl.constexpr, SILU: tl.constexpr, SPLIT: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SILU: tl.constexpr, SPLIT: tl.constexpr, FAST: tl.constexpr,
 ):
     # One program per BLOCK_T consecutive stream rows (of any segments) and
     # BLOCK_C channels: a row's taps before its segment read the segment's
@@ -185,19 +189,30 @@ def _causal_conv1d_tree_kernel(
     idx = rows - start
     inside = r_ok & (idx >= 0) & (idx < n)
     HIST: tl.constexpr = WIDTH - 1
-    taps = tl.arange(0, BLOCK_W)
-    weight = tl.load(WEIGHT + c[:, None] * WIDTH + taps[None, :], mask=c_ok[:, None] & (taps[None, :] < WIDTH),
-                     other=0.0).to(tl.float32)
     acc = tl.zeros([BLOCK_T, BLOCK_C], tl.float32)
-    for tap in tl.static_range(WIDTH):
-        src = idx - HIST + tap
-        own = inside & (src >= 0)
-        xv = tl.load(X + (rows - HIST + tap).to(tl.int64)[:, None] * stride_x + c[None, :],
-                     mask=own[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
-        hv = _history_value(X, POOL, HISTORY, seg, slot[:, None], HIST + src, c, inside & (src < 0), c_ok, stride_x, C,
-                            HIST)
-        w_tap = tl.sum(tl.where(taps[None, :] == tap, weight, 0.0), axis=1)
-        acc += (xv + hv) * w_tap[None, :]
+    # A tile whose rows all have their W-1 inputs before them in their own
+    # segment: one load per tap, no history table (a zero history term adds
+    # nothing, so the sums are the general path's, bit for bit).
+    interior = tl.min(tl.where(r_ok, (inside & (idx >= HIST)).to(tl.int32), 1)) == 1
+    if FAST & interior:
+        for tap in tl.static_range(WIDTH):
+            xv = tl.load(X + (rows - HIST + tap).to(tl.int64)[:, None] * stride_x + c[None, :],
+                         mask=r_ok[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+            w_tap = tl.load(WEIGHT + c * WIDTH + tap, mask=c_ok, other=0.0).to(tl.float32)
+            acc += xv * w_tap[None, :]
+    else:
+        taps = tl.arange(0, BLOCK_W)
+        weight = tl.load(WEIGHT + c[:, None] * WIDTH + taps[None, :], mask=c_ok[:, None] & (taps[None, :] < WIDTH),
+                         other=0.0).to(tl.float32)
+        for tap in tl.static_range(WIDTH):
+            src = idx - HIST + tap
+            own = inside & (src >= 0)
+            xv = tl.load(X + (rows - HIST + tap).to(tl.int64)[:, None] * stride_x + c[None, :],
+                         mask=own[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+            hv = _history_value(X, POOL, HISTORY, seg, slot[:, None], HIST + src, c, inside & (src < 0), c_ok,
+                                stride_x, C, HIST)
+            w_tap = tl.sum(tl.where(taps[None, :] == tap, weight, 0.0), axis=1)
+            acc += (xv + hv) * w_tap[None, :]
     acc = _bias_activation(acc, BIAS, c, c_ok, HAS_BIAS, SILU)
     acc = tl.where(inside[:, None], acc, 0.0)
     if SPLIT:
@@ -278,7 +293,7 @@ def causal_conv1d_tree_triton(
         _causal_conv1d_tree_kernel[(triton.cdiv(T, block_t), triton.cdiv(C, block_c))](
             x, weight, bias.contiguous() if bias is not None else weight, conv_pool, buffer, *tables,
             T, C, x.stride(0), C, b1, b2, BLOCK_T=block_t, HAS_BIAS=bias is not None,
-            SILU=activation == "silu", SPLIT=in_place,
+            SILU=activation == "silu", SPLIT=in_place, FAST=TREE_FAST_PATH,
             WIDTH=W, BLOCK_W=triton.next_power_of_2(W), BLOCK_C=block_c, num_warps=warps,
         )
         if W > 1 and seg_start.numel():
