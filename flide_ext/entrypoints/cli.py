@@ -121,7 +121,9 @@ def run_decide(args) -> int:
     prompt_tokens = stream_tokens = 0
     todo = [e for e in entries if e.error is None]
     results: dict[int, Any] = {}
-    with tqdm(total=len(todo), desc="decide", unit="req", file=sys.stderr) as bar:
+    # Every input line is counted: those refused while reading at once.
+    with tqdm(total=len(entries), desc="decide", unit="req", file=sys.stderr) as bar:
+        bar.update(len(entries) - len(todo))
         for start in range(0, len(todo), args.round_size):
             chunk = todo[start : start + args.round_size]
             answered = engine.decide_batch([e.request for e in chunk])

@@ -19,14 +19,20 @@ logits are always float32, :mod:`flide_ext.layers.readout`), ``--watchdog-timeou
 ``--max-body-mb``, ``--body-read-timeout``, ``--request-timeout``,
 ``--heartbeat-timeout`` and ``--round-seconds`` (Flide's own) are added to
 SGLang's flags. Any other flag set away from its default is refused with a
-message naming it (Flide does not silently ignore a setting). A scheduler that
+message naming it as typed (Flide does not silently ignore a setting). A scheduler that
 fails while serving ends the launcher with status 1.
+
+``sglang serve --decision-mode ...`` (SGLang's recommended launcher, which loads
+plugins before it parses) runs the same server; under ``--decision-mode`` its
+diffusion-model check answers no without asking the model hub. Its ``--help``
+returns before plugins load, so it does not list ``--decision-mode``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Optional
 
 MAPPED = {
     "model_path", "tokenizer_path", "host", "port", "dtype", "device", "api_key", "random_seed",
@@ -55,23 +61,38 @@ def _add_flag(result, parser: argparse.ArgumentParser):
     return result
 
 
-def _defaults() -> dict:
+def _sglang_options() -> dict:
+    # SGLang's flags: dest -> (default, option strings).
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    return {a.dest: a.default for a in parser._actions if a.dest != "help"}
+    return {a.dest: (a.default, a.option_strings) for a in parser._actions if a.dest != "help"}
 
 
-def refused_flags(args: argparse.Namespace) -> list[str]:
-    """SGLang flags set away from their defaults that Flide cannot honour."""
-    defaults = _defaults()
+def _as_typed(options: list, argv: list) -> str:
+    # A flag as the command line gave it: one of its option strings, or a prefix
+    # of one that argparse took for it (``--tp`` for ``--tp-size``; ``--tp=2``
+    # too); else its first long option string.
+    for arg in argv:
+        name = arg.split("=", 1)[0]
+        if name in options or (name.startswith("--") and len(name) > 2 and any(o.startswith(name) for o in options)):
+            return name
+    return next((o for o in options if o.startswith("--")), options[0])
+
+
+def refused_flags(args: argparse.Namespace, argv: Optional[list] = None) -> list[str]:
+    """SGLang flags set away from their defaults that Flide cannot honour, each
+    named as ``argv`` (default ``sys.argv``) gave it."""
+    options = _sglang_options()
+    argv = sys.argv[1:] if argv is None else argv
     out = []
     for dest, value in vars(args).items():
-        if dest.startswith("_") or dest in MAPPED or dest in ACCEPTED or dest not in defaults:
+        if dest.startswith("_") or dest in MAPPED or dest in ACCEPTED or dest not in options:
             continue
-        if value != defaults[dest]:
-            out.append("--" + dest.replace("_", "-"))
+        default, strings = options[dest]
+        if value != default:
+            out.append(_as_typed(strings, argv) if strings else "--" + dest.replace("_", "-"))
     return sorted(out)
 
 
@@ -147,7 +168,8 @@ def _around_from_cli_args(original, *call_args, **kwargs):
     # SGLang's GPU engine is never configured.
     refused = refused_flags(args)
     if refused:
-        print(f"--decision-mode: Flide cannot honour {', '.join(refused)}; remove them", file=sys.stderr)
+        print(f"--decision-mode: Flide cannot honour {', '.join(refused)}; remove "
+              f"{'it' if len(refused) == 1 else 'them'}", file=sys.stderr)
         sys.exit(2)
     from ..protocol.errors import FlideError
     from ..server.launch import SchedulerFailed, serve
@@ -163,9 +185,25 @@ def _around_from_cli_args(original, *call_args, **kwargs):
     sys.exit(0)
 
 
+def _around_diffusion_check(original, *args, **kwargs) -> bool:
+    # ``sglang serve`` asks every serve backend whether the model is its own
+    # (after load_plugins); the diffusion backend fetches model_index.json from
+    # the model hub for a name that is not a local directory (Flide's built-in
+    # ``smollm2-135m``: ~40 s of retries offline). A decision server serves a
+    # causal LM: under --decision-mode the answer is no, at once.
+    if "--decision-mode" in sys.argv[1:]:
+        return False
+    return original(*args, **kwargs)
+
+
 def register() -> None:
     """Entry point called by SGLang's ``load_plugins()``."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", _add_flag, HookType.AFTER)
     HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args", _around_from_cli_args, HookType.AROUND)
+    try:
+        import sglang.cli.utils  # noqa: F401  (the hook's target must import: absent in older SGLang)
+    except ImportError:
+        return
+    HookRegistry.register("sglang.cli.utils.get_is_diffusion_model", _around_diffusion_check, HookType.AROUND)

@@ -50,6 +50,9 @@ def test_refused_lines_are_reported_and_the_rest_answered(tmp_path, char_model_d
     assert out[1]["error"]["field"] == "line 2"
     assert out[2]["error"]["field"] == "questions"
     assert "1 answered, 2 refused" in run.stderr
+    # The progress bar counts every input line, the unreadable one too.
+    bar = [part for part in run.stderr.replace("\r", "\n").splitlines() if part.startswith("decide:")]
+    assert bar and "3/3" in bar[-1]
 
 
 def test_unknown_model_is_one_line_and_exit_2(tmp_path):

@@ -33,7 +33,24 @@ def test_flags_flide_cannot_honour_are_refused(char_model_dir):
     assert run.returncode == 2
     # Refused by Flide's plugin (not by argparse, which would also exit 2).
     assert "Flide cannot honour" in run.stderr
-    assert "--tp-size" in run.stderr and "--enable-lora" in run.stderr
+    assert run.stderr.strip().splitlines()[-1] == \
+        "--decision-mode: Flide cannot honour --enable-lora, --tp-size; remove them"
+
+
+def test_refused_flags_are_named_as_typed():
+    """A refused flag is named as the command line gave it: an alias, an
+    abbreviation argparse accepted, ``--flag=value``; given no other way, by its
+    first long option string."""
+    from flide_ext.entrypoints.sglang_plugin import refused_flags
+
+    parser = _sglang_parser()
+    for argv, named in ((["--tp", "2"], ["--tp"]), (["--tp-size=2"], ["--tp-size"]),
+                        (["--tensor-parallel-size", "2", "--enable-lora"], ["--enable-lora", "--tensor-parallel-size"]),
+                        ([], [])):
+        args = parser.parse_args(["--model-path", "m", *argv])
+        assert refused_flags(args, ["--model-path", "m", *argv]) == named
+    args = parser.parse_args(["--model-path", "m", "--tp", "2"])
+    assert refused_flags(args, []) == ["--tp-size"]
 
 
 def test_a_taken_port_is_refused_before_the_model_loads(tmp_path):
@@ -87,6 +104,57 @@ def test_launch_server_decision_mode_answers_like_the_engine(char_model_dir, tmp
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_sglang_serve_decision_mode_answers_like_the_launcher(char_model_dir, tmp_path):
+    """``sglang serve --decision-mode`` (SGLang's recommended launcher, which
+    loads plugins before it parses) serves Flide as ``python -m
+    sglang.launch_server --decision-mode`` does: the engine's answers, the plugin's
+    refusals."""
+    from pathlib import Path
+
+    serve = [str(Path(sys.executable).parent / "sglang"), "serve", "--decision-mode"]
+    port = free_port()
+    log = tmp_path / "server.log"
+    proc = subprocess.Popen([*serve, "--model-path", str(char_model_dir), "--port", str(port), "--context-length",
+                             "300"], stdout=open(log, "w"), stderr=subprocess.STDOUT, env=ENV)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_health(url, proc, log)
+        request = {"input": "Rain is wet.", "questions": [choice("a", 3), choice("b", 2, "Pick")]}
+        got = requests.post(f"{url}/v1/decisions", json=request).json()
+        want = Engine(str(char_model_dir), context_length=300).decide(request).model_dump(exclude_none=True)
+        for qid, answer in want["answers"].items():
+            for name, p in answer["probabilities"].items():
+                assert abs(got["answers"][qid]["probabilities"][name] - p) <= 1e-6
+        assert requests.get(f"{url}/server_info").json()["decision_mode"] is True
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    run = subprocess.run([*serve, "--model-path", str(char_model_dir), "--tp", "2"], capture_output=True, text=True,
+                         env=ENV, timeout=300)
+    assert run.returncode == 2
+    # (sglang serve logs its child-process clean-up after it.)
+    assert "--decision-mode: Flide cannot honour --tp; remove it" in run.stderr.splitlines()
+
+
+def test_diffusion_check_answers_no_at_once_under_decision_mode(monkeypatch):
+    """``sglang serve`` asks whether the model is a diffusion model (for a name
+    that is not a directory, by fetching from the model hub); under
+    --decision-mode the plugin answers no without asking, otherwise SGLang's own
+    check answers."""
+    from flide_ext.entrypoints.sglang_plugin import _around_diffusion_check
+
+    asked = []
+
+    def original(path):
+        asked.append(path)
+        return True
+
+    monkeypatch.setattr(sys, "argv", ["sglang", "serve", "--decision-mode", "--model-path", "smollm2-135m"])
+    assert _around_diffusion_check(original, "smollm2-135m") is False and asked == []
+    monkeypatch.setattr(sys, "argv", ["sglang", "serve", "--model-path", "org/flux"])
+    assert _around_diffusion_check(original, "org/flux") is True and asked == ["org/flux"]
 
 
 def _sglang_parser():
