@@ -75,7 +75,6 @@ def wall_breakdown(engine, group, runs: int = 30, setup=None) -> dict:
     (an agent step's previous step, so that the round resumes from what a real
     step does, not from its own state cached by the run before)."""
     import statistics
-    import time
 
     rows = []
     for _ in range(runs):
