@@ -76,15 +76,14 @@ def _layout(named: dict) -> tuple[list, int]:
     return entries, offset
 
 
-def _flatten(plan: FlatPlan, tables: Optional[dict], with_levels: bool) -> dict:
+def _named_tensors(plan: FlatPlan, tables: Optional[dict]) -> dict:
+    # Every tensor the buffers hold, by name: the plan's (None fields stay out)
+    # and the tables' (ForkAttention's tuple as attention0, attention1, ...).
     named = {}
     for f in fields(FlatPlan):
         value = getattr(plan, f.name)
-        if isinstance(value, torch.Tensor) and f.name not in _HOST_FIELDS:  # None fields stay out
+        if isinstance(value, torch.Tensor) and f.name not in _HOST_FIELDS:
             named[f.name] = value
-    if with_levels:
-        for d, level in enumerate(plan.levels):
-            named[f"level{d}"] = level
     if tables is not None:
         for name, value in tables.items():
             if name == "attention":
@@ -92,6 +91,14 @@ def _flatten(plan: FlatPlan, tables: Optional[dict], with_levels: bool) -> dict:
                     named[f"attention{i}"] = t
             elif isinstance(value, torch.Tensor):
                 named[name] = value
+    return named
+
+
+def _flatten(plan: FlatPlan, tables: Optional[dict], with_levels: bool) -> dict:
+    named = _named_tensors(plan, tables)
+    if with_levels:
+        for d, level in enumerate(plan.levels):
+            named[f"level{d}"] = level
     return {k: v.contiguous() for k, v in named.items()}
 
 
@@ -165,17 +172,13 @@ class RoundBuffers:
         padding = _padding(plan, capacity, readouts)
         if self._layout is None:
             raise ValueError("write_padded needs the buffers' layout fixed by an earlier write")
-        values = {name: (t, size, fill) for name, (t, size, fill) in padding.items() if t is not None}
-        for f in fields(FlatPlan):
-            value = getattr(plan, f.name)
-            if f.name not in padding and f.name not in _HOST_FIELDS and isinstance(value, torch.Tensor):
-                values[f.name] = (value, value.numel(), 0)
-        for name, value in tables.items():
-            if name == "attention":
-                for i, t in enumerate(value[1:]):
-                    values[f"attention{i}"] = (t, t.numel(), 0)
-            elif isinstance(value, torch.Tensor):
-                values[name] = (value, value.numel(), 0)
+        # (tensor, padded size, fill): the padded fields as pad_plan pads them, the rest as they are.
+        values = {name: (t, t.numel(), 0) for name, t in _named_tensors(plan, tables).items()}
+        for name, (t, size, fill) in padding.items():
+            if t is None:
+                values.pop(name, None)
+            else:
+                values[name] = (t, size, fill)
         if values.keys() != self._host_views.keys():
             raise ValueError("a round's tensors do not match the buffers' layout")
         for name, (view, as_bytes) in self._host_views.items():
@@ -235,15 +238,12 @@ def device_round(plan: FlatPlan, spec, device, capacity: Optional[TableCapacity]
             checkpoints while padded, or does not match ``buffers``' layout.
     """
     buffers = buffers or RoundBuffers(device)
+    readouts = readouts or int(plan.readout_rows.numel())
     tables = None
-    if not device_plan and capacity is not None and spec is not None and buffers._layout is not None:
-        tables = build_tables(plan, capacity, spec.conv_width, spec.tokens_per_block, spec.level_programs(capacity))
-        buffers.write_padded(plan, capacity, readouts or int(plan.readout_rows.numel()), tables)
-        return None
-    if capacity is not None:
-        padded = pad_plan(plan, capacity, readouts or int(plan.readout_rows.numel()))
-    else:
-        padded = plan
     if spec is not None:
         tables = build_tables(plan, capacity, spec.conv_width, spec.tokens_per_block, spec.level_programs(capacity))
+    if not device_plan and capacity is not None and tables is not None and buffers._layout is not None:
+        buffers.write_padded(plan, capacity, readouts, tables)
+        return None
+    padded = pad_plan(plan, capacity, readouts) if capacity is not None else plan
     return buffers.write(padded, tables, with_levels=capacity is None)
