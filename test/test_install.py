@@ -7,8 +7,9 @@ package, and both SGLang launchers answer ``/v1/decisions``.
 The environment is a venv without pip of its own whose site-packages has a
 ``.pth`` line naming a folder of links to every distribution of this checkout's
 ``.venv`` (installed by scripts/setup.sh from requirements/lock.txt) except
-flide's own editable install; the test checks that every pin of the lock is what
-that venv sees, so it is the lock's environment, without copying gigabytes.
+flide's own editable install; the test checks that the venv sees exactly the
+lock's distributions at the lock's versions (and pip), so it is the lock's
+environment, without copying gigabytes.
 """
 
 from __future__ import annotations
@@ -103,16 +104,22 @@ def test_the_venv_is_the_lock_and_flide_is_installed_from_source(fresh_venv):
     python, _, cwd = fresh_venv
     seen = json.loads(_run(python, "import json, importlib.metadata as m; print(json.dumps("
                                    "{d.metadata['Name']: d.version for d in m.distributions()}))", cwd))
-    seen = {_norm(k): v for k, v in seen.items()}
-    pins = _pins()
-    assert {name: seen.get(name) for name in pins} == pins
+    # The lock's distributions at its versions, and nothing else but flide and
+    # the installer (pip, which the lock leaves to the environment).
+    seen = {_norm(k): v for k, v in seen.items() if _norm(k) not in ("flide", "pip")}
+    assert seen == _pins()
     where = _run(python, "import flide_ext, sys; print(flide_ext.__file__); print(sys.prefix)", cwd).split()
     assert where[0].startswith(where[1]) and "/src/" not in where[0]  # the venv's copy, not the sources
+    # Package data too: fla-core's tuned configurations (flide_ext/kernels/fla_configs.py).
+    installed = _run(python, "import flide_ext.kernels, pathlib; print(len(list(pathlib.Path("
+                             "flide_ext.kernels.__file__).parent.glob('fla_configs/*/*.json'))))", cwd)
+    assert int(installed) == len(list((ROOT / "flide_ext" / "kernels").glob("fla_configs/*/*.json"))) > 0
 
 
 def test_flide_requirements_and_extras_hold(fresh_venv):
-    """Each requirement of the installed flide, its server, bench and test extras
-    too, is met by the lock's versions (fla-core, the gpu extra, is for GPU machines)."""
+    """Each requirement of the installed flide, its server, checkpoints, bench and
+    test extras too, is met by the lock's versions (fla-core, the gpu extra, is for
+    GPU machines)."""
     python, _, cwd = fresh_venv
     unmet = json.loads(_run(python, """
 import json, importlib.metadata as m
@@ -120,7 +127,7 @@ from packaging.requirements import Requirement
 unmet = []
 for text in m.requires("flide"):
     req = Requirement(text)
-    for extra in ("", "server", "bench", "test"):
+    for extra in ("", "server", "checkpoints", "bench", "test"):
         if req.marker is None and extra or req.marker is not None and not req.marker.evaluate({"extra": extra}):
             continue
         try:
@@ -147,7 +154,7 @@ def test_pip_check_names_only_what_the_lock_omits(fresh_venv):
             other.append(line)
     assert other == []  # no version conflict, nothing about flide
     assert not any(dist == "flide" for dist, _ in missing)
-    assert missing <= _omitted(), sorted(missing - _omitted())
+    assert missing == _omitted(), (sorted(missing - _omitted()), sorted(_omitted() - missing))
 
 
 def test_the_plugin_loads_from_the_installed_package(fresh_venv):

