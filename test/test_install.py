@@ -24,9 +24,11 @@ from pathlib import Path
 
 import pytest
 import requests
+from packaging.utils import canonicalize_name
 
 from flide_ext import Engine
 
+from .helpers.decisions import choice
 from .helpers.processes import quiet_env, start_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,28 +38,17 @@ OMITTED = ROOT / "requirements" / "omitted.txt"
 OWN = re.compile(r"^(flide-[^/]*\.dist-info|__editable__[._]+flide.*)$")
 
 
+def _entries(path: Path) -> list:
+    # The non-comment lines of a requirements file.
+    return [line for line in (raw.split("#")[0].strip() for raw in path.read_text().splitlines()) if line]
+
+
 def _pins() -> dict:
-    pins = {}
-    for line in LOCK.read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if line:
-            name, version = line.split("==")
-            pins[_norm(name)] = version
-    return pins
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+    return {canonicalize_name(name): version for name, version in (e.split("==") for e in _entries(LOCK))}
 
 
 def _omitted() -> set:
-    pairs = set()
-    for line in OMITTED.read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if line:
-            dist, req = line.split()
-            pairs.add((_norm(dist), _norm(req)))
-    return pairs
+    return {tuple(canonicalize_name(n) for n in e.split()) for e in _entries(OMITTED)}
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +97,7 @@ def test_the_venv_is_the_lock_and_flide_is_installed_from_source(fresh_venv):
                                    "{d.metadata['Name']: d.version for d in m.distributions()}))", cwd))
     # The lock's distributions at its versions, and nothing else but flide and
     # the installer (pip, which the lock leaves to the environment).
-    seen = {_norm(k): v for k, v in seen.items() if _norm(k) not in ("flide", "pip")}
+    seen = {canonicalize_name(k): v for k, v in seen.items() if canonicalize_name(k) not in ("flide", "pip")}
     assert seen == _pins()
     where = _run(python, "import flide_ext, sys; print(flide_ext.__file__); print(sys.prefix)", cwd).split()
     assert where[0].startswith(where[1]) and "/src/" not in where[0]  # the venv's copy, not the sources
@@ -149,7 +140,7 @@ def test_pip_check_names_only_what_the_lock_omits(fresh_venv):
     for line in lines:
         m = re.fullmatch(r"(\S+) \S+ requires (\S+), which is not installed\.", line)
         if m:
-            missing.add((_norm(m.group(1)), _norm(m.group(2))))
+            missing.add((canonicalize_name(m.group(1)), canonicalize_name(m.group(2))))
         else:
             other.append(line)
     assert other == []  # no version conflict, nothing about flide
@@ -191,8 +182,7 @@ def test_both_launchers_answer_decisions(fresh_venv, char_model_dir, tmp_path, l
     proc, url, log = start_server([*command, "--decision-mode", "--model-path", str(char_model_dir)], tmp_path,
                                   cwd=cwd)
     try:
-        request = {"input": "Rain is wet.", "questions": [
-            {"id": "a", "type": "choice", "question": "Pick", "options": [{"name": "x"}, {"name": "y"}]}]}
+        request = {"input": "Rain is wet.", "questions": [choice("a", 2, "Pick")]}
         r = requests.post(f"{url}/v1/decisions", json=request, timeout=120)
         assert r.status_code == 200, r.text
         got = r.json()["answers"]["a"]["probabilities"]
