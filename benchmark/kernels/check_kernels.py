@@ -361,6 +361,15 @@ def check_norms_and_gates(gen):
     worst = float(((got - want).abs() / want.abs().clamp(min=2 ** -10)).max())
     record(f"silu_mul [{T}, 9216] halves of one projection, Triton vs reference (bf16): max relative difference",
            worst, 2 ** -6, worst <= 2 ** -6 and not got.isnan().any(), differing=float((got != want).double().mean()))
+    from flide_ext.kernels.sigmoid_mul import sigmoid_mul_ref
+    from flide_ext.kernels.sigmoid_mul.kernel import sigmoid_mul_triton
+
+    o = (2 * torch.randn(T, 16, 256, generator=gen, device=DEV)).to(bf16)
+    gate = (4 * torch.randn(T, 16, 512, generator=gen, device=DEV)).to(bf16)[..., 256:]  # the query projection's
+    got, want = sigmoid_mul_triton(o, gate).float(), sigmoid_mul_ref(o, gate).float()
+    worst = float(((got - want).abs() / want.abs().clamp(min=2 ** -10)).max())
+    record(f"sigmoid_mul [{T}, 16, 256] attention gate, Triton vs reference (bf16): max relative difference",
+           worst, 2 ** -6, worst <= 2 ** -6 and not got.isnan().any(), differing=float((got != want).double().mean()))
     from flide_ext.kernels.rotary import rotary_ref
     from flide_ext.kernels.rotary.kernel import rotary_triton
     from flide_ext.layers.rotary import RotaryEmbedding

@@ -38,6 +38,10 @@
 #   inprofile   benchmark/profile_round.py in process (no server may hold the GPU): $INPROC_WORKLOADS (default
 #               race_single multirc quality) one fresh-state request at a time, kernels by device time and the round's
 #               stages (p50), again after $LOAD_ROUNDS (20) rounds of 64 requests -> $OUT/inprofile.tar.gz
+#   abprofile   benchmark/profile_round.py in process, $BASELINE's (default .baseline: an older checkout's flide_ext and
+#               benchmark, `git archive OLD flide_ext benchmark | tar -x -C .baseline`) and this checkout's in turn,
+#               $AB_ROUNDS (2) times each, over the graphs $AB_CAPACITIES (those the default ladder picks for the
+#               workloads, and the next larger) -> $OUT/abprofile.tar.gz: a change's effect on one machine
 #   sweepconv   benchmark/kernels/sweep_kernels.py --only conv: the tree conv's tiles with and without its fast path
 #               -> $OUT/sweepconv.tar.gz
 #   profile     benchmark/profile_round.py in process (no server may hold the GPU): an agent step resumed from
@@ -130,7 +134,7 @@ while [ $# -gt 0 ]; do
         --sglang-flags) SGLANG_FLAGS=$2; shift 2 ;;
         --port) PORT=$2; shift 2 ;;
         --keep-server) KEEP=1; shift ;;
-        checkpoint|flide|sglang|compare|inprocess|inprofile|sweepconv|profile|sweep|fidelity|smollm2|sources|invariance)
+        checkpoint|flide|sglang|compare|inprocess|inprofile|abprofile|sweepconv|profile|sweep|fidelity|smollm2|sources|invariance)
             STEPS+=("$1"); shift ;;
         *) echo "run_h200.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -320,6 +324,25 @@ step_inprofile() {  # the fresh-state workloads in process, one request at a tim
         --out "$RESULTS/inprofile/profile.json") > "$RESULTS/inprofile/profile.log" 2>&1 || rc=1
     grep "round, p50\|after load\|^load:\|stream tokens (" "$RESULTS/inprofile/profile.log"
     tar -czf "$OUT/inprofile.tar.gz" -C "$RESULTS" inprofile
+    return $rc
+}
+
+step_abprofile() {  # an older checkout's round against this one's, alternately, in process
+    flide_env
+    local rc=0 tree name i base=${BASELINE:-.baseline}
+    local caps=${AB_CAPACITIES:-480:4:3,512:5:3,1152:36,1280:40,6336:198,7552:236}
+    mkdir -p "$RESULTS/abprofile"
+    for i in $(seq "${AB_ROUNDS:-2}"); do
+        for tree in "$base" .; do
+            name=$([ "$tree" = . ] && echo new || echo base)_$i
+            # Each script imports the flide_ext beside it (profile_round.py puts its checkout first on sys.path).
+            (cd /tmp && timeout 200 python3 "$REPO/$tree/benchmark/profile_round.py" --model "$SHAPE" \
+                --workload ${INPROC_WORKLOADS:-race_single multirc quality} --graph-capacities "$caps" --top 30 \
+                --out "$RESULTS/abprofile/$name.json") > "$RESULTS/abprofile/$name.log" 2>&1 || rc=1
+            echo "$name: $(grep "round, p50" "$RESULTS/abprofile/$name.log" | sed 's/.*stream tokens, graph //' | paste -sd ';')"
+        done
+    done
+    tar -czf "$OUT/abprofile.tar.gz" -C "$RESULTS" abprofile
     return $rc
 }
 

@@ -12,6 +12,7 @@ from torch import nn
 
 from ..kernels.fork_attention import fork_attention
 from ..kernels.rotary import rotary
+from ..kernels.sigmoid_mul import sigmoid_mul
 from .kernel_module import KernelModule
 from .linear import Linear
 from .norm import RMSNorm
@@ -61,8 +62,8 @@ class ForkSelfAttention(KernelModule):
         """``x`` ``[T, hidden]`` -> ``[T, hidden]``; ``ctx`` is the ForwardContext."""
         T = x.shape[0]
         if self.gated:
+            # The gate stays a strided view: the fused gate kernel reads it in place.
             q, gate = self.q_proj(x).view(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-            gate = gate.reshape(T, -1)
         else:
             q = self.q_proj(x).view(T, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)
@@ -84,7 +85,6 @@ class ForkSelfAttention(KernelModule):
             plan.positions, plan.kv_positions, self.scale, self.sliding_window,
             tables=plan.tables.attention if plan.tables is not None else None, kv_index=kv_index,
             backend=self.backend,
-        ).reshape(T, -1)
-        if self.gated:
-            o = o * torch.sigmoid(gate)
+        )
+        o = sigmoid_mul(o, gate, self.backend) if self.gated else o.reshape(T, -1)
         return self.o_proj(o)

@@ -119,9 +119,12 @@ class GatedDeltaNet(KernelModule):
         dtype = v.dtype
         if self.rule_dtype is not None and self.rule_dtype != dtype:
             q, k, v, beta = (t.to(self.rule_dtype) for t in (q, k, v, beta))
+        # Rows past the round (a graph's padding) are zeroed by the norm, in its
+        # own launch, not by the rule's pass in one more.
         o = gated_delta_rule_tree(q, k, v, g, beta, self.head_k_dim**-0.5, state_pool, levels,
-                                  use_qk_l2norm=True, tables=tables, backend=self.backend).to(dtype)
-        o = self.norm(o, z).reshape(T, -1)
+                                  use_qk_l2norm=True, tables=tables, zero_padding=tables is None,
+                                  backend=self.backend).to(dtype)
+        o = self.norm(o, z, tables.row_valid if tables is not None else None).reshape(T, -1)
         return self.out_proj(o)
 
 

@@ -52,7 +52,9 @@ class GatedRMSNorm(KernelModule):
     """``y = w * rmsnorm(x) * silu(z)``: the GDN output norm, applied per value head
     (Qwen3.5 / Qwen3-Next ``linear_attn.norm``).
 
-    Inputs ``x``, ``z`` ``[..., head_dim]``; output like ``x``.
+    Inputs ``x``, ``z`` ``[..., head_dim]``; output like ``x``. Given ``valid``
+    (``[x.shape[0]]`` bool), the rows of entries where it is False come out zero
+    in the same launch.
     """
 
     def __init__(self, hidden_size: int, eps: float):
@@ -60,5 +62,5 @@ class GatedRMSNorm(KernelModule):
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps, "cast", gate=z, backend=self.backend)
+    def forward(self, x: torch.Tensor, z: torch.Tensor, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps, "cast", gate=z, valid=valid, backend=self.backend)

@@ -28,7 +28,7 @@ from flide_ext.plan.flat import plan_round
 from test.helpers import ROOT
 from test.helpers.plans import keep_parent_states
 
-POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
+POINTER = {torch.bool: "*i1", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
            torch.int64: "*i64"}
 
 
@@ -175,6 +175,8 @@ def test_norm_and_gate_kernels_compile_for_h200(monkeypatch):
                          gate=torch.zeros(40, 32, 128, **bf16))
     norm.rms_norm_triton(torch.zeros(40, 32, 128, **bf16), torch.zeros(128), 1e-6, "cast",
                          gate=torch.zeros(40, 32, 128, **bf16))
+    norm.rms_norm_triton(torch.zeros(40, 32, 128, **bf16), torch.zeros(128, **bf16), 1e-6, "cast",
+                         gate=torch.zeros(40, 32, 128, **bf16), valid=torch.ones(40, dtype=torch.bool))  # a graph's
     hidden = torch.zeros(40, 2560, **bf16)
     norm.rms_norm_triton(hidden, torch.zeros(2560, **bf16), 1e-6, "offset", residual=hidden)  # the decoder's add
     norm.rms_norm_triton(hidden[:, :2048], torch.zeros(2048, **bf16), 1e-6, "cast", residual=hidden[:, :2048])
@@ -184,7 +186,7 @@ def test_norm_and_gate_kernels_compile_for_h200(monkeypatch):
     rec_gate = record(monkeypatch, gate, "_gdn_gate_kernel")
     ab = torch.zeros(40, 64, **bf16)[:, :32]
     gate.gdn_gate_triton(ab, ab, torch.zeros(32), torch.zeros(32, **bf16))
-    assert _compiled(rec_norm, rec_gate) == [9, 1]
+    assert _compiled(rec_norm, rec_gate) == [10, 1]
 
 
 def test_silu_mul_compiles_for_h200(monkeypatch):
@@ -194,6 +196,16 @@ def test_silu_mul_compiles_for_h200(monkeypatch):
     rec = record(monkeypatch, sm, "_silu_mul_kernel")
     gu = torch.zeros(40, 2 * 9216, dtype=torch.bfloat16)
     sm.silu_mul_triton(gu[:, :9216], gu[:, 9216:])
+    assert _compiled(rec) == [1]
+
+
+def test_sigmoid_mul_compiles_for_h200(monkeypatch):
+    """Gated attention's output gate, read in place from the query projection's rows."""
+    import flide_ext.kernels.sigmoid_mul.kernel as sg
+
+    rec = record(monkeypatch, sg, "_sigmoid_mul_kernel")
+    qg = torch.zeros(40, 16, 512, dtype=torch.bfloat16)
+    sg.sigmoid_mul_triton(torch.zeros(40, 16, 256, dtype=torch.bfloat16), qg[..., 256:])
     assert _compiled(rec) == [1]
 
 

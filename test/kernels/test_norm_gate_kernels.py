@@ -100,6 +100,41 @@ def test_rms_norm_refuses_bad_arguments():
     assert rms_norm_triton(torch.empty(0, 8), torch.ones(8), 1e-6).shape == (0, 8)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_valid_rows_come_out_zero_whatever_they_hold(dtype):
+    # A graph's rows past its round: the GDN pass leaves them undefined (NaN and
+    # inf here), the gated output norm zeroes them in its own launch.
+    gen = torch.Generator().manual_seed(11)
+    x = (3 * torch.randn(6, 4, 40, generator=gen)).to(dtype)
+    z = torch.randn(6, 4, 40, generator=gen).to(dtype)
+    w = (1 + 0.1 * torch.randn(40, generator=gen)).to(dtype)
+    x[4], x[5, 0, 0], z[5, 1, 3] = float("nan"), float("inf"), float("nan")
+    valid = torch.tensor([True, True, False, True, False, False])
+    for backend in ("reference", "triton"):
+        got = rms_norm(x, w, 1e-6, "cast", gate=z, valid=valid, backend=backend)
+        assert got.dtype == dtype and got.shape == x.shape
+        assert torch.equal(got[~valid], torch.zeros_like(got[~valid]))
+        # The kept rows are the path's own norm of them, bit for bit (rows are independent).
+        assert torch.equal(got[valid], rms_norm(x[valid], w, 1e-6, "cast", gate=z[valid], backend=backend))
+    # Without a gate and beside a residual too; the residual's sum is every row's.
+    h, r = x[:, 0], torch.randn(6, 40, generator=gen).to(dtype)
+    for backend in ("reference", "triton"):
+        y, total = rms_norm(h, w, 1e-6, "offset", residual=r, valid=valid, backend=backend)
+        y_all, total_all = rms_norm(h, w, 1e-6, "offset", residual=r, backend=backend)
+        assert torch.equal(y[~valid], torch.zeros_like(y[~valid])) and torch.equal(y[valid], y_all[valid])
+        assert torch.equal(total.nan_to_num(), total_all.nan_to_num())
+
+
+def test_valid_refusals():
+    x = torch.randn(3, 2, 8)
+    for backend in ("reference", "triton"):
+        for bad in (torch.ones(3), torch.ones(2, dtype=torch.bool), torch.ones(3, 2, dtype=torch.bool)):
+            with pytest.raises(ValueError, match="valid"):
+                rms_norm(x, torch.ones(8), 1e-6, valid=bad, backend=backend)
+        with pytest.raises(ValueError, match="valid"):  # a 1-D x has no rows to keep
+            rms_norm(x[0, 0], torch.ones(8), 1e-6, valid=torch.ones(8, dtype=torch.bool), backend=backend)
+
+
 def test_dispatch_runs_the_kernels_only_when_asked(monkeypatch):
     gen = torch.Generator().manual_seed(5)
     x, w = torch.randn(4, 24, generator=gen), torch.randn(24, generator=gen)

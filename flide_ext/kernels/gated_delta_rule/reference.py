@@ -165,6 +165,7 @@ def gated_delta_rule_tree_ref(
     use_qk_l2norm: bool = True,
     out: Optional[torch.Tensor] = None,
     tables=None,
+    zero_padding: bool = True,
 ) -> torch.Tensor:
     """A whole prefix tree, level after level (each a :func:`chunk_gated_delta_rule_ref`
     call), so a level's segments read the slots the level before wrote.
@@ -175,6 +176,9 @@ def gated_delta_rule_tree_ref(
         levels: per tree level ``(seg_start, seg_len, initial_slot, final_slot)``,
             ``[n]`` int64 each (:meth:`flide_ext.plan.flat.FlatPlan.level_tables`).
         tables: the GPU path's precomputed round tables (ignored here).
+        zero_padding: False lets the GPU table pass leave the rows past the
+            round undefined, for a caller that zeroes them itself (the GDN
+            layer's output norm); here they are zeros either way.
 
     Returns:
         ``[T, HV, V]`` in ``v.dtype``: ``out`` when given; rows outside every

@@ -138,6 +138,7 @@ def gated_delta_rule_tree_triton(
     use_qk_l2norm: bool = True,
     out: Optional[torch.Tensor] = None,
     tables=None,
+    zero_padding: bool = True,
     table_steps: Optional[ChunkSteps] = None,
 ) -> torch.Tensor:
     """A whole prefix tree on the GPU; arguments and result as
@@ -146,7 +147,8 @@ def gated_delta_rule_tree_triton(
     With ``tables`` (the round's :class:`~flide_ext.kernels.tables.KernelTables`)
     every step runs over all ``T`` rows with the tables' fixed-size chunk and
     level tables (``levels`` and ``out`` are not used), so the pass replays in
-    a CUDA graph for any round the tables hold; rows past the round are zeros.
+    a CUDA graph for any round the tables hold; rows past the round are zeros
+    (``zero_padding``), or left as the steps wrote them (undefined).
     ``table_steps`` are the state-free steps the table pass runs with (fla-core's,
     or their references under the interpreter); without them the tables are not used.
 
@@ -177,7 +179,7 @@ def gated_delta_rule_tree_triton(
     check_written(state_pool=state_pool)
     steps = table_steps if tables is not None else None
     if steps is not None:
-        return _table_pass(tables, steps, q, k, v, g, beta, scale, state_pool, use_qk_l2norm)
+        return _table_pass(tables, steps, q, k, v, g, beta, scale, state_pool, use_qk_l2norm, zero_padding)
     levels = list(levels)
     steps = chunk_steps() if levels else None
     meta = tree_meta(levels) if steps is not None else None
@@ -233,12 +235,14 @@ def _chunk_pass(meta: TreeMeta, steps: ChunkSteps, q, k, v, g, beta, scale, stat
                     meta.chunk_indices, meta.num_chunks, use_qk_l2norm, levels)
 
 
-def _table_pass(tables, steps: ChunkSteps, q, k, v, g, beta, scale, state_pool, use_qk_l2norm):
+def _table_pass(tables, steps: ChunkSteps, q, k, v, g, beta, scale, state_pool, use_qk_l2norm, zero_padding):
     # Every row with the round's fixed-size tables: padding rows belong to no
-    # sequence, and their outputs are set to zero.
+    # sequence, and their outputs are set to zero (``zero_padding``) or left.
     def levels(k, w, u, g_cum, h, v_new):
         chunk_states_levels_triton(k, w, u, g_cum, state_pool, h, v_new, tables)
 
     o = _chunked(steps, q, k, v, g, beta, scale, tables.cu_seqlens, tables.chunk_indices,
                  tables.chunk_indices.shape[0], use_qk_l2norm, levels)
+    if not zero_padding:
+        return o.to(v.dtype)
     return torch.where(tables.row_valid[:, None, None], o, 0).to(v.dtype)

@@ -18,9 +18,12 @@ __all__ = ["MAX_TRITON_WIDTH", "MODES", "rms_norm", "rms_norm_ref"]
 MAX_TRITON_WIDTH = 16384  # elements of one row the kernel holds at once
 
 
-def _check(x, weight, mode, gate, residual=None) -> None:
+def _check(x, weight, mode, gate, residual=None, valid=None) -> None:
     if x.dim() == 0:
         raise ValueError("rms_norm: x must have at least one dimension (the normalised one)")
+    if valid is not None and (x.dim() < 2 or valid.dtype != torch.bool or valid.shape != x.shape[:1]):
+        raise ValueError(f"rms_norm valid {tuple(valid.shape)} {valid.dtype} must be a bool [{x.shape[0]}] over x's "
+                         f"first dimension (x {tuple(x.shape)}, at least 2-D)")
     if mode not in MODES:
         raise ValueError(f"rms_norm mode {mode!r} is not one of {', '.join(MODES)}")
     if weight.shape != (x.shape[-1],):
@@ -42,7 +45,7 @@ def _check(x, weight, mode, gate, residual=None) -> None:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = "cast",
              gate: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None,
-             backend: Optional[str] = None):
+             valid: Optional[torch.Tensor] = None, backend: Optional[str] = None):
     """:func:`~.reference.rms_norm_ref`'s contract (arguments, shapes, result).
 
     ``backend`` (:mod:`flide_ext.kernels.dispatch`): the Triton kernel runs for
@@ -54,15 +57,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = "cas
         ValueError: an unknown mode, a gate with ``"offset"`` or with a residual,
             shapes that differ, a residual neither in ``x.dtype`` nor float32
             beside bf16 / fp16 ``x``,
-            a 0-dim ``x``.
+            a 0-dim ``x``, a ``valid`` that is not a bool ``[x.shape[0]]`` over an
+            at least 2-D ``x``.
     """
-    _check(x, weight, mode, gate, residual)
+    _check(x, weight, mode, gate, residual, valid)
     if (backend_for(x, backend) == "triton" and x.shape[-1] <= MAX_TRITON_WIDTH
             and float32_math_dtypes(x, weight, gate, residual)):
         from .kernel import rms_norm_triton
 
-        return rms_norm_triton(x, weight, eps, mode, gate, residual)
-    return reference.rms_norm_ref(x, weight, eps, mode, gate, residual)
+        return rms_norm_triton(x, weight, eps, mode, gate, residual, valid)
+    return reference.rms_norm_ref(x, weight, eps, mode, gate, residual, valid)
 
 
 rms_norm_ref = checked_reference(rms_norm, reference.rms_norm_ref)

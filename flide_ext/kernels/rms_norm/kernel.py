@@ -26,9 +26,9 @@ def _round(x, dtype: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm_kernel(X, W, GATE, Y, RES, SUM, N, D, stride_x, stride_gate, stride_res, eps,
+def _rms_norm_kernel(X, W, GATE, Y, RES, SUM, VALID, N, D, stride_x, stride_gate, stride_res, eps, GROUP,
                      ROWS: tl.constexpr, BD: tl.constexpr, OFFSET: tl.constexpr, HAS_GATE: tl.constexpr,
-                     ROUND_MID: tl.constexpr, HAS_RES: tl.constexpr):
+                     ROUND_MID: tl.constexpr, HAS_RES: tl.constexpr, HAS_VALID: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BD)
     row_ok = rows < N
@@ -55,6 +55,10 @@ def _rms_norm_kernel(X, W, GATE, Y, RES, SUM, N, D, stride_x, stride_gate, strid
                 y = _round(y, X.dtype.element_ty)
             z = tl.load(GATE + rows[:, None] * stride_gate + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             y = y * (z * tl.sigmoid(z))
+    if HAS_VALID:
+        # A select, not a product: a row left undefined (NaN, say) comes out zero.
+        keep = tl.load(VALID + rows // GROUP, mask=row_ok, other=0) != 0
+        y = tl.where(keep[:, None], y, 0.0)
     tl.store(Y + rows[:, None] * D + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -73,9 +77,10 @@ def as_rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = "cast",
-                    gate: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None):
+                    gate: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None,
+                    valid: Optional[torch.Tensor] = None):
     """:func:`flide_ext.kernels.rms_norm.rms_norm_ref` in one launch (the residual
-    add included); outputs contiguous.
+    add and the zeroing of rows not ``valid`` included); outputs contiguous.
 
     Raises:
         ValueError: a dtype other than float32, bfloat16 or float16 (the kernel
@@ -96,10 +101,13 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str
     res_rows, stride_res = as_rows(residual) if residual is not None else (x_rows, stride_x)
     BD = triton.next_power_of_2(D)
     rows = max(1, min(16, ELEMENTS_PER_PROGRAM // BD))
+    if valid is not None:
+        valid = valid.contiguous()
     _rms_norm_kernel[(triton.cdiv(N, rows),)](
-        x_rows, weight, gate_rows, y, res_rows, total if total is not None else y, N, D, stride_x, stride_gate,
-        stride_res, float(eps),
+        x_rows, weight, gate_rows, y, res_rows, total if total is not None else y,
+        valid if valid is not None else weight, N, D, stride_x, stride_gate, stride_res, float(eps),
+        N // x.shape[0] if valid is not None else 1,
         ROWS=rows, BD=BD, OFFSET=mode == "offset", HAS_GATE=gate is not None, ROUND_MID=promoted == x.dtype,
-        HAS_RES=residual is not None, num_warps=4 if rows * BD <= 2048 else 8,
+        HAS_RES=residual is not None, HAS_VALID=valid is not None, num_warps=4 if rows * BD <= 2048 else 8,
     )
     return y if residual is None else (y, total)

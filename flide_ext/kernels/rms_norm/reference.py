@@ -27,7 +27,8 @@ MODES = ("cast", "offset")
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = "cast",
-                 gate: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None):
+                 gate: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None,
+                 valid: Optional[torch.Tensor] = None):
     """Plain PyTorch reference.
 
     Args:
@@ -42,6 +43,10 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = 
             residual`` (in the residual's dtype, as torch's add: a float32
             stream is never rounded to ``x.dtype``), which is also returned,
             for the next layer; the normalised output rounds as for ``x``.
+        valid: ``[x.shape[0]]`` bool, or None: where False, that entry's rows of
+            the normalised output are zeros, whatever ``x`` and ``gate`` hold
+            there (NaN included): a flat graph's rows past its round, which
+            the GDN pass leaves undefined.
 
     Returns:
         ``[..., D]`` in ``x.dtype`` (``"cast"`` without gate: in the promotion
@@ -52,8 +57,14 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = 
     """
     if residual is not None:
         total = x + residual
-        return _normalised(total, weight, eps, mode, None, x.dtype), total
-    return _normalised(x, weight, eps, mode, gate, x.dtype)
+        return _kept(_normalised(total, weight, eps, mode, None, x.dtype), valid), total
+    return _kept(_normalised(x, weight, eps, mode, gate, x.dtype), valid)
+
+
+def _kept(y: torch.Tensor, valid: Optional[torch.Tensor]) -> torch.Tensor:
+    if valid is None:
+        return y
+    return torch.where(valid.reshape(-1, *[1] * (y.dim() - 1)), y, torch.zeros((), dtype=y.dtype))
 
 
 def _normalised(x, weight, eps, mode, gate, dtype):
