@@ -1,7 +1,8 @@
 """Where one request's time goes: the kernels of a round, by total device time.
 
 Runs one request of a workload through the engine (flat CUDA graphs, or eager
-with ``--graphs off``) under ``torch.profiler`` and prints, per kernel name, the
+with ``--graphs off``), its prompts int64 arrays with its state beside them, as the
+server's scheduler passes them, under ``torch.profiler`` and prints, per kernel name, the
 calls and total time, largest first; with ``--out`` also writes them as JSON.
 On CUDA the times are the GPU's (kernels inside a replayed graph included); on
 the CPU they are the operators' own CPU times (a smoke run).
@@ -34,6 +35,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -102,6 +104,20 @@ def op_table(prof) -> list[dict]:
 
 BREAKDOWN = ("p50 of {runs} ({stream_tokens} stream tokens, graph {graph}): {request_ms:.2f} ms = plan {plan_ms:.2f}"
              " + forward {forward_ms:.2f} (tables {tables_ms:.2f}, GPU {gpu_ms:.2f}) + finish {finish_ms:.2f}")
+
+
+def as_served(groups: list) -> list:
+    """Requests as the server's scheduler hands them to ``Engine.run_round``: each
+    prompt an ``[n]`` int64 array, the request's state beside them (its
+    ``ScoreWork``), so an in-process round plans what a served one does (Python
+    lists would add their conversion to the plan)."""
+    from flide_ext.runtime.checkpoints import state_of
+
+    out = []
+    for prompts, labels, *_ in groups:
+        arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
+        out.append((arrays, labels, state_of(arrays)))
+    return out
 
 
 def profile_case(engine, name: str, groups: list, setup, cuda: bool, model: str, top: int, fresh: bool) -> dict:
@@ -205,7 +221,7 @@ def main(argv=None) -> int:
     else:
         # Each timed request's state is fresh, as a server's new requests are: the
         # cache is flushed first (else a repeat resumes from the run before).
-        cases = [(name, requests_for(name, 3, config.vocab_size, args.scale), engine.flush_cache)
+        cases = [(name, as_served(requests_for(name, 3, config.vocab_size, args.scale)), engine.flush_cache)
                  for name in args.workload]
     results = [profile_case(engine, name, groups, setup, cuda, args.model, args.top, not args.agent)
                for name, groups, setup in cases]

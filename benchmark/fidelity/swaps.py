@@ -38,6 +38,7 @@ from flide_ext.kernels.gated_delta_rule import gated_delta_rule_tree
 from flide_ext.kernels.gdn_gate import gdn_gate
 from flide_ext.kernels.rms_norm.reference import rms_norm_ref
 from flide_ext.kernels.rotary import rotary
+from flide_ext.kernels.sigmoid_mul import sigmoid_mul
 from flide_ext.kernels.silu_mul import silu_mul
 
 # name: (kind, what runs in float32)
@@ -119,8 +120,8 @@ def _final_norm(module):
 
 def _gated_norm(module, on: set):
     # GatedRMSNorm(o, z): in float32 from its inputs; its output rounded unless gdn_out.
-    def forward(x, z):
-        out = rms_norm_ref(x.float(), module.weight.float(), module.eps, "cast", gate=z.float())
+    def forward(x, z, valid=None):
+        out = rms_norm_ref(x.float(), module.weight.float(), module.eps, "cast", gate=z.float(), valid=valid)
         return out if "gdn_out" in on else out.to(z.dtype)
 
     return forward
@@ -163,9 +164,11 @@ def swapped(model, names: Iterable[str]):
     if "gdn_rule" in on or "gdn_out" in on:
         keep = "gdn_out" in on
 
-        def rule(q, k, v, g, beta, scale, state_pool, levels, use_qk_l2norm=True, tables=None, backend=None):
+        def rule(q, k, v, g, beta, scale, state_pool, levels, use_qk_l2norm=True, tables=None, zero_padding=True,
+                 backend=None):
             o = gated_delta_rule_tree(q.float(), k.float(), v.float(), g, beta.float(), scale, state_pool, levels,
-                                      use_qk_l2norm=use_qk_l2norm, tables=tables, backend="reference")
+                                      use_qk_l2norm=use_qk_l2norm, tables=tables, zero_padding=zero_padding,
+                                      backend="reference")
             return o if keep else o.to(v.dtype)
 
         p.attr(gdn_layer, "gated_delta_rule_tree", rule)
@@ -200,6 +203,11 @@ def swapped(model, names: Iterable[str]):
             return o if keep else o.to(q.dtype)
 
         p.attr(attention_layer, "fork_attention", attend)
+        if keep:
+            def gate_product(x, gate, backend=None):  # the float32 output and its sigmoid gate, unrounded
+                return sigmoid_mul(x.float(), gate.float(), backend="reference")
+
+            p.attr(attention_layer, "sigmoid_mul", gate_product)
     if "rotary" in on:
         def rotate(x, cos, sin, backend=None):
             return rotary(x.float(), cos.float(), sin.float(), backend="reference").to(x.dtype)

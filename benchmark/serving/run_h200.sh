@@ -334,9 +334,10 @@ step_abprofile() {  # an older checkout's round against this one's, alternately,
     mkdir -p "$RESULTS/abprofile"
     for i in $(seq "${AB_ROUNDS:-2}"); do
         for tree in "$base" .; do
-            name=$([ "$tree" = . ] && echo new || echo base)_$i
+            name=$([ "$tree" = . ] && echo new || echo base)_$i  # before tree becomes a path
             # Each script imports the flide_ext beside it (profile_round.py puts its checkout first on sys.path).
-            (cd /tmp && timeout 200 python3 "$REPO/$tree/benchmark/profile_round.py" --model "$SHAPE" \
+            case $tree in /*) ;; *) tree=$REPO/$tree ;; esac
+            (cd /tmp && timeout 200 python3 "$tree/benchmark/profile_round.py" --model "$SHAPE" \
                 --workload ${INPROC_WORKLOADS:-race_single multirc quality} --graph-capacities "$caps" --top 30 \
                 --out "$RESULTS/abprofile/$name.json") > "$RESULTS/abprofile/$name.log" 2>&1 || rc=1
             echo "$name: $(grep "round, p50" "$RESULTS/abprofile/$name.log" | sed 's/.*stream tokens, graph //' | paste -sd ';')"

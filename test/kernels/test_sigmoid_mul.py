@@ -77,3 +77,27 @@ def test_refuses_bad_arguments():
             fn(x, x.double())
         with pytest.raises(ValueError, match="floating"):
             fn(x.int(), x.int())
+
+
+def test_reference_edges_agree_with_torch_and_the_kernel():
+    # Below -ln(FLT_MAX) float32's exp overflows and its sigmoid is 0, not a subnormal.
+    g = torch.tensor([-89.0, -90.0, -200.0, -88.0]).reshape(1, 1, 4)
+    x = torch.tensor([float("inf"), 3e38, 3e38, 3e38]).reshape(1, 1, 4)
+    want = (x * torch.sigmoid(g)).reshape(1, 4)
+    torch.testing.assert_close(sigmoid_mul_ref(x, g), want, rtol=2 ** -22, atol=0, equal_nan=True)
+    torch.testing.assert_close(sigmoid_mul_triton(x, g), want, rtol=1e-6, atol=0, equal_nan=True)
+    # No rows: an empty result on either path.
+    for backend in ("reference", "triton"):
+        assert sigmoid_mul(torch.empty(0, 2, 4), torch.empty(0, 2, 4), backend=backend).shape == (0, 8)
+
+
+def test_heads_wider_than_a_program_take_the_reference(monkeypatch):
+    from flide_ext.kernels.sigmoid_mul import MAX_TRITON_WIDTH
+
+    calls = []
+    monkeypatch.setattr("flide_ext.kernels.sigmoid_mul.kernel.sigmoid_mul_triton",
+                        lambda *a: calls.append(a) or sigmoid_mul_ref(*a))
+    wide = torch.randn(1, 1, MAX_TRITON_WIDTH + 1)
+    assert torch.equal(sigmoid_mul(wide, wide, backend="triton"), sigmoid_mul_ref(wide, wide)) and not calls
+    sigmoid_mul(wide[..., :8], wide[..., :8], backend="triton")
+    assert len(calls) == 1

@@ -5,7 +5,12 @@ the gate out of the query projection and two element-wise ones."""
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+# ln of float32's largest finite value: exp of anything larger overflows to inf.
+FLOAT32_EXP_LIMIT = math.log(torch.finfo(torch.float32).max)
 
 
 def sigmoid_mul_ref(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -24,5 +29,9 @@ def sigmoid_mul_ref(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
 
     Arguments are checked by :func:`flide_ext.kernels.sigmoid_mul.sigmoid_mul`.
     """
-    s = torch.sigmoid(gate.double()).to(gate.dtype).double()
-    return (x.double() * s).to(x.dtype).reshape(x.shape[0], -1).contiguous()
+    g = gate.double()
+    # float32 math (torch's, the kernel's) computes 1 / (1 + exp(-g)): exp overflows
+    # below -ln(FLT_MAX) and the sigmoid is 0 there, where float64's is a subnormal.
+    s = torch.where(g < -FLOAT32_EXP_LIMIT, 0.0, torch.sigmoid(g)).to(gate.dtype).double()
+    T, H, D = x.shape
+    return (x.double() * s).to(x.dtype).reshape(T, H * D).contiguous()
