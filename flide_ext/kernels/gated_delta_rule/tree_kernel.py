@@ -243,6 +243,6 @@ def _table_pass(tables, steps: ChunkSteps, q, k, v, g, beta, scale, state_pool, 
 
     o = _chunked(steps, q, k, v, g, beta, scale, tables.cu_seqlens, tables.chunk_indices,
                  tables.chunk_indices.shape[0], use_qk_l2norm, levels)
-    if not zero_padding:
-        return o.to(v.dtype)
-    return torch.where(tables.row_valid[:, None, None], o, 0).to(v.dtype)
+    if zero_padding:
+        o = torch.where(tables.row_valid[:, None, None], o, 0)
+    return o.to(v.dtype)
