@@ -42,6 +42,11 @@ def cut_rounds(log_text: str) -> list[tuple[int, int]]:
     return [(int(m[1]), int(m[3])) for m in CUT_LINE.finditer(log_text)]
 
 
+def cut_layers(log_text: str) -> list[int]:
+    """Layers each cut round logged in ``log_text`` ran before it stopped, in order."""
+    return [int(m[4]) for m in CUT_LINE.finditer(log_text)]
+
+
 def cut_layer_seconds(log_text: str) -> list[float]:
     """Seconds per layer each cut round logged in ``log_text`` took (its time over
     the layers it ran), in order."""
