@@ -171,6 +171,9 @@ def main(argv=None) -> int:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--load-rounds", type=int, default=0,
                         help="after the profiles, run this many rounds of 64 requests, then time each workload again")
+    parser.add_argument("--readout", default="labels", choices=["labels", "vocabulary"],
+                        help="answers normalised over each question's labels (the served /v1/score with "
+                             "apply_softmax, as the HTTP benchmarks send) or over the vocabulary")
     parser.add_argument("--out", default=None)
     parser.add_argument("--dump-fla-configs", default=None, metavar="DIR",
                         help="after the run, write the configurations fla-core's autotuners chose (GPU only)")
@@ -197,6 +200,11 @@ def main(argv=None) -> int:
     model = random_model(config, dtype, device, seed=0)
     engine = Engine(args.model, dtype=dtype, device=device, model=model, cuda_graphs=args.graphs,
                     graph_capacities=capacities)
+    if args.readout == "labels":
+        # Every round's requests normalised over their labels, as the server runs them.
+        run_round, run_rounds = engine.run_round, engine.run_rounds
+        engine.run_round = lambda groups, **kw: run_round(groups, over_labels=[True] * len(groups), **kw)
+        engine.run_rounds = lambda groups: run_rounds(groups, over_labels=[True] * len(groups))
     if engine.graphs is not None:
         print(f"{len(engine.graphs.capacities)} CUDA graphs captured in {engine.graphs.capture_seconds:.1f} s")
     cuda = device.type == "cuda"

@@ -224,16 +224,20 @@ def swapped(model, names: Iterable[str]):
 
         p.attr(mlp_layer, "silu_mul", act)
     if "log_softmax" in on or "lm_head" in on:
-        def readout(hidden, rows, norm, lm_head):
+        # The engine stops its forward at the normed readout rows and applies the
+        # LM head after it (FlatCausalLM.head_logprobs): both halves are swapped.
+        def normed_rows(hidden, rows, norm, lm_head):
             normed = norm(hidden.index_select(0, rows))
-            if "lm_head" not in on:
-                normed = normed.to(lm_head.weight.dtype)
-            logits = readout_layer.lm_head_logits(normed, lm_head.weight)
+            return normed if "lm_head" in on else normed.to(lm_head.weight.dtype)
+
+        def head(normed, weight):
+            logits = readout_layer.lm_head_logits(normed, weight)
             if "log_softmax" in on:
                 return torch.log_softmax(logits.double(), dim=-1).float()
             return torch.log_softmax(logits, dim=-1)
 
-        p.attr(model_base, "readout_logprobs", readout)
+        p.attr(model_base, "readout_normed", normed_rows)
+        p.attr(model_base, "head_logprobs", head)
     try:
         yield
     finally:

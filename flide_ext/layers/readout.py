@@ -5,6 +5,8 @@ does; SGLang's ``--enable-fp32-lm-head`` keeps them for the same reason)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -36,6 +38,30 @@ def lm_head_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x.float(), weight.float())
 
 
+def readout_normed(hidden: torch.Tensor, rows: torch.Tensor, norm: nn.Module, lm_head: nn.Linear) -> torch.Tensor:
+    """The final norm at the readout rows, rounded once to the LM head's dtype:
+    what the LM head reads (the full vocabulary's logits, or only some labels').
+
+    Args:
+        hidden: ``[T, hidden]`` last-layer hidden states of the stream (the
+            residual stream's dtype: float32 beside a bf16 model's weights).
+        rows: ``[R]`` int64 stream rows to read (each question's last prompt token).
+        norm: the model's final norm.
+        lm_head: the model's output projection (``[vocab, hidden]`` weight, no bias).
+
+    Returns:
+        ``[R, hidden]`` in the LM head's dtype.
+
+    Raises:
+        ValueError: ``lm_head`` has a bias.
+    """
+    if lm_head.bias is not None:
+        raise ValueError("the readout's LM head has no bias in the models Flide serves; this one has")
+    # The final norm computes in float32 whatever its input; its output is
+    # rounded once, to the LM head's dtype, as every other GEMM input is.
+    return norm(hidden.index_select(0, rows)).to(lm_head.weight.dtype)
+
+
 def readout_logprobs(
     hidden: torch.Tensor, rows: torch.Tensor, norm: nn.Module, lm_head: nn.Linear
 ) -> torch.Tensor:
@@ -54,12 +80,26 @@ def readout_logprobs(
     Raises:
         ValueError: ``lm_head`` has a bias.
     """
-    if lm_head.bias is not None:
-        raise ValueError("the readout's LM head has no bias in the models Flide serves; this one has")
-    # The final norm computes in float32 whatever its input; its output is
-    # rounded once, to the LM head's dtype, as every other GEMM input is.
-    normed = norm(hidden.index_select(0, rows)).to(lm_head.weight.dtype)
-    return head_logprobs(normed, lm_head.weight)
+    return head_logprobs(readout_normed(hidden, rows, norm, lm_head), lm_head.weight)
+
+
+def normalised_over_labels(logits: list[float]) -> list[float]:
+    """``logits - logsumexp(logits)`` in Python floats: log-probabilities over
+    these labels alone (what a softmax over them needs: it does not change when
+    every logit moves by the same amount, so the vocabulary's log-normaliser can
+    be left out).
+
+    Args:
+        logits: one question's label logits (float32 values), at least one.
+
+    Returns:
+        As many log-probabilities, whose exponentials sum to 1 (to rounding).
+    """
+    top = max(logits)
+    if math.isinf(top):  # every logit -inf (or one +inf): nothing to normalise by
+        return [0.0 if x == top else -math.inf for x in logits] if top > 0 else list(logits)
+    norm = top + math.log(math.fsum(math.exp(x - top) for x in logits))
+    return [x - norm for x in logits]
 
 
 def readout_key(weight: torch.Tensor, x_dtype: torch.dtype) -> tuple:

@@ -14,7 +14,8 @@ from ..layers.context import ForwardContext
 from ..layers.gated_deltanet import GatedDeltaNet
 from ..layers.kernel_module import KernelModule
 from ..layers.linear import GemmRows, checked_rows
-from ..layers.readout import readout_logprobs
+from ..kernels.label_logits import label_logits
+from ..layers.readout import head_logprobs, readout_logprobs, readout_normed
 from ..layers.rotary import RotaryEmbedding
 
 
@@ -70,7 +71,8 @@ class FlatCausalLM(nn.Module):
 
     ``forward(plan, ...)`` returns ``[R, vocab]`` float32 log-probabilities at the
     plan's readout rows (selective readout: the final norm and LM head see only
-    those rows).
+    those rows), or the normed rows that :meth:`head_logprobs` and
+    :meth:`label_logits` (a question normalised over its labels) read.
     """
 
     #: GDN layer count (hybrid models set it); sizes the engine's state pool.
@@ -179,8 +181,8 @@ class FlatCausalLM(nn.Module):
         layers = sorted((m for m in self.modules() if isinstance(m, ForkSelfAttention)), key=lambda m: m.index)
         return [(m.num_kv_heads, m.head_dim, m.head_dim) for m in layers]
 
-    def forward(self, plan, state_pool=None, kv_pool=None, cancelled: Optional[Callable[[], bool]] = None
-                ) -> torch.Tensor:
+    def forward(self, plan, state_pool=None, kv_pool=None, cancelled: Optional[Callable[[], bool]] = None,
+                normed: bool = False) -> torch.Tensor:
         """Run a round.
 
         Args:
@@ -191,15 +193,22 @@ class FlatCausalLM(nn.Module):
                 K/V are written to and the resumed prefixes' are read from, or
                 None (the plan then resumes from nothing).
             cancelled: asked before each layer; true stops the forward (None: never).
+            normed: stop before the LM head: return the final norm at the readout
+                rows, which :meth:`head_logprobs` and :meth:`label_logits` read
+                (with ``selective_readout`` on only).
 
         Returns:
-            ``[R, vocab]`` float32 log-softmax at the readout rows.
+            ``[R, vocab]`` float32 log-softmax at the readout rows, or with
+            ``normed`` ``[R, hidden]`` in the LM head's dtype.
 
         Raises:
+            ValueError: ``normed`` with ``selective_readout`` off.
             ForwardCancelled: ``cancelled()`` was true before a layer. What the
                 layers before it wrote (the plan's K/V rows and GDN slots) is
                 left half done: the caller drops it.
         """
+        if normed and not self.selective_readout:
+            raise ValueError("a forward stops at the normed readout rows only with selective readout on")
         dtype = self.model.embed_tokens.weight.dtype
         cos, sin = self.rotary.cos_sin(plan.positions, dtype)
         ctx = ForwardContext(plan, cos, sin, state_pool, kv_pool, self.stream_dtype(dtype))
@@ -207,7 +216,23 @@ class FlatCausalLM(nn.Module):
             h = self.hidden_states(ctx, cancelled)
             if not self.selective_readout:
                 return self._full_readout(h, plan.readout_rows)
+            if normed:
+                return readout_normed(h, plan.readout_rows, self.model.norm, self.lm_head)
             return readout_logprobs(h, plan.readout_rows, self.model.norm, self.lm_head)
+
+    def head_logprobs(self, normed: torch.Tensor) -> torch.Tensor:
+        """``[R, hidden]`` normed readout rows (:meth:`forward`'s with ``normed``)
+        -> ``[R, vocab]`` float32 full-vocabulary log-probabilities, as
+        :meth:`forward` computes them (deterministic mode's row counts included)."""
+        with checked_rows(self.gemm_rows):
+            return head_logprobs(normed, self.lm_head.weight)
+
+    def label_logits(self, normed: torch.Tensor, rows: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The float32 logits of (readout row, label) pairs only
+        (:func:`~flide_ext.kernels.label_logits.label_logits`, on this model's
+        kernel backend): ``[R, hidden]`` normed rows, ``[P]`` int64 rows and
+        labels on their device -> ``[P]`` float32."""
+        return label_logits(normed, self.lm_head.weight, rows, labels, backend=self.kernel_backend)
 
     def _full_readout(self, h: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         # The LM head over every stream row, as a server without selective readout

@@ -169,6 +169,7 @@ class Engine:
         self,
         groups: Sequence[tuple],
         cancelled: Optional[Callable[[], bool]] = None,
+        over_labels: Optional[Sequence[bool]] = None,
     ) -> RoundResult:
         """Run one round: each group is one request's ``(prompts, label ids per prompt)``,
         or ``(prompts, labels, state)`` from a caller that has the request's state
@@ -185,10 +186,14 @@ class Engine:
                 The flat stream is shared, so a round runs for all its requests
                 or none: the caller says true only once no request of the round
                 is awaited. None: never asked.
+            over_labels: per request, whether its answers are normalised over
+                its labels alone (only their logits are computed: what a softmax
+                over the labels needs) instead of over the vocabulary (None: none is).
 
         Returns:
             The round's :class:`~.round_result.RoundResult`: per request, per
-            prompt, the full-vocabulary log-probability of each of its labels;
+            prompt, the log-probability of each of its labels over the full
+            vocabulary (or over its labels, as ``over_labels`` says);
             stream tokens, resumed and kept checkpoint tokens per request; stats.
 
         Raises:
@@ -199,11 +204,12 @@ class Engine:
                 what they would have been without it.
         """
         started = time.perf_counter()
-        requests, prompts, labels = [], [], []
+        requests, prompts, labels, normalised = [], [], [], []
         for r, (group_prompts, group_labels, *_) in enumerate(groups):
             requests += [r] * len(group_prompts)
             prompts += list(group_prompts)
             labels += [list(l) for l in group_labels]
+            normalised += [bool(over_labels is not None and over_labels[r])] * len(group_prompts)
         n = len(groups)
         if not prompts:
             return RoundResult([[] for _ in groups], [0] * n, [0] * n, [0] * n, RoundStats(requests=n), [None])
@@ -218,7 +224,7 @@ class Engine:
             slots = self.runner.assign_slots(plan)
             planned = time.perf_counter()
             try:
-                logprobs, graph = self.runner.forward(plan, cancelled)  # [>= R, vocab] on the device
+                out, graph = self.runner.forward(plan, cancelled)  # [>= R, hidden] on the device
             except ForwardCancelled as cut:
                 # Its half-written rows and slots go back below; on a GPU the
                 # kernels already launched still write them, before any later
@@ -231,7 +237,7 @@ class Engine:
                 cache.cached_tokens_total += int(cached.prefix_rows.size)
                 kept, kept_segments, kept_tokens = keep_checkpoints(cache, plan, cached, stream_rows, slots)
             keeping = time.perf_counter() - launched
-            label_logprobs = self.runner.gather_labels(logprobs, readout, labels)
+            label_logprobs = self.runner.answers(out, readout, labels, normalised)
             forwarded = time.perf_counter()
         finally:
             if stream_rows is not None:
@@ -278,13 +284,15 @@ class Engine:
 
     # -- batches: as many rounds as the capacity needs ---------------------------
 
-    def _run_queue(self, groups: list, queue: RoundQueue) -> RoundResult:
+    def _run_queue(self, groups: list, queue: RoundQueue, over_labels: Optional[Sequence[bool]] = None
+                   ) -> RoundResult:
         # The queue's items index ``groups``; rounds run until it is empty.
         n = len(groups)
         out = RoundResult([None] * n, [0] * n, [0] * n, [0] * n)
         while len(queue):
             taken = queue.next_round()
-            result = self.run_round([groups[i] for i in taken])
+            result = self.run_round([groups[i] for i in taken], over_labels=None if over_labels is None
+                                    else [over_labels[i] for i in taken])
             for j, i in enumerate(taken):
                 out.answers[i], out.stream_tokens[i] = result.answers[j], result.stream_tokens[j]
                 out.resumed_tokens[i], out.kept_tokens[i] = result.resumed_tokens[j], result.kept_tokens[j]
@@ -293,9 +301,10 @@ class Engine:
         return out
 
     @_serialised
-    def run_rounds(self, groups) -> RoundResult:
+    def run_rounds(self, groups, over_labels: Optional[Sequence[bool]] = None) -> RoundResult:
         """:meth:`run_round` for any number of requests: packed into as many rounds
-        as :attr:`round_capacity` needs, by the round queue the scheduler uses.
+        as :attr:`round_capacity` needs, by the round queue the scheduler uses
+        (``over_labels`` per request, as :meth:`run_round`'s).
 
         Returns:
             One :class:`~.round_result.RoundResult` over all rounds, per request in
@@ -308,7 +317,7 @@ class Engine:
         refused = next((item for item in checked if isinstance(item, RequestError)), None)
         if refused is not None:
             raise refused
-        return self._run_queue(list(groups), queue)
+        return self._run_queue(list(groups), queue, over_labels)
 
     # -- low-level form: token ids in, label log-probabilities out ---------------
 

@@ -8,8 +8,10 @@ readout rows, all padded to the capacity (:mod:`flide_ext.kernels.tables`), so
 a round of any mix of requests replays the smallest graph that holds it, or a
 larger one whose replay was measured faster at capture
 (:func:`~.graph_capacities.faster_graphs`).
-Selective readout (final norm and LM head on the readout rows) is inside the
-graph.
+Selective readout's final norm on the readout rows is inside the graph; the
+LM head runs after the replay (:meth:`~.model_runner.ModelRunner.answers`),
+over the vocabulary for the questions that ask for it and over their labels
+alone for the others, which no fixed-shape graph could hold.
 
 Modes (the ablation switches):
 
@@ -146,8 +148,8 @@ class GraphRunner:
         self._shaped: "OrderedDict[GraphCapacity, _Graph]" = OrderedDict()  # per_shape graphs
         self._pool = None
         self._stream = None
-        # Every graph writes its log-probabilities into one shared buffer (one
-        # graph replays at a time), so graphs do not each keep [rows, vocab].
+        # Every graph writes its normed readout rows into one shared buffer (one
+        # graph replays at a time), so graphs do not each keep their own.
         self._output: Optional[torch.Tensor] = None
         self.launch_ms = 0.0  # an eager forward of the smallest capacity: launch-bound time
         self._pool_generation = self._generation()
@@ -205,10 +207,10 @@ class GraphRunner:
         # fullest graph (the most levels: the most launches).
         smallest = min(self.capacities, key=lambda c: (c.tokens, -c.levels, -c.segments))
         plan = self._graphs[smallest].plan
-        self.model(plan, self.state_pool, self.kv_pool)
+        self.model(plan, self.state_pool, self.kv_pool, normed=True)
         torch.cuda.synchronize(self.device)
         t0 = time.perf_counter()
-        self.model(plan, self.state_pool, self.kv_pool)
+        self.model(plan, self.state_pool, self.kv_pool, normed=True)
         torch.cuda.synchronize(self.device)
         self.launch_ms = 1e3 * (time.perf_counter() - t0)
         self.capture_seconds = time.perf_counter() - start
@@ -230,8 +232,8 @@ class GraphRunner:
         entry.plan = device_plan
         if self._output is None:
             rows = max(c.segments for c in self.capacities + [capacity])
-            vocab = self.model.lm_head.weight.shape[0]
-            self._output = torch.empty(rows, vocab, dtype=torch.float32, device=self.device)
+            hidden = self.model.lm_head.weight.shape[1]
+            self._output = torch.empty(rows, hidden, dtype=self.dtype, device=self.device)
         # One capture stream for every graph: the allocator reuses a block only
         # on the stream that freed it, so graphs captured on one stream share
         # their pool's memory instead of each adding its own.
@@ -240,14 +242,15 @@ class GraphRunner:
         stream = self._stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream), torch.inference_mode():
-            self.model(device_plan, self.state_pool, self.kv_pool)  # compiles and tunes kernels outside the capture
+            # Compiles and tunes kernels outside the capture.
+            self.model(device_plan, self.state_pool, self.kv_pool, normed=True)
             torch.cuda.synchronize(self.device)
             entry.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(entry.graph, pool=self._pool, stream=stream):
-                logprobs = self.model(device_plan, self.state_pool, self.kv_pool)
-                entry.output = self._output[: logprobs.shape[0]]
-                entry.output.copy_(logprobs)
-                del logprobs
+                normed = self.model(device_plan, self.state_pool, self.kv_pool, normed=True)
+                entry.output = self._output[: normed.shape[0]]
+                entry.output.copy_(normed)
+                del normed
         torch.cuda.current_stream(self.device).wait_stream(stream)
         entry.replay_ms = self._time_replay(entry.graph, REPLAY_TIMINGS if capacity.tokens <= TIMED_TOKENS else 1)
         if self._pool is None:
@@ -313,9 +316,11 @@ class GraphRunner:
                 a replay (None: never).
 
         Returns:
-            ``([R', vocab] float32 log-probabilities on the device, whose first R
-            rows are the plan's readout rows; the capacity replayed, or None when
-            the round ran eagerly)``.
+            ``([R', hidden] normed readout rows on the device in the LM head's
+            dtype (:meth:`~flide_ext.models.base.FlatCausalLM.forward` with
+            ``normed``; ``[R', vocab]`` float32 log-probabilities with selective
+            readout off), whose first R rows are the plan's readout rows; the
+            capacity replayed, or None when the round ran eagerly)``.
 
         Raises:
             ForwardCancelled: ``cancelled()`` was true.
@@ -331,16 +336,18 @@ class GraphRunner:
         # The references read tables on the host: never inside a graph.
         # A round without K/V rows (the cache bypassed) cannot use graphs captured over the pool.
         unpooled = self._keys is not None and plan.kv_index is None
+        # Without selective readout (the ablation) the LM head sees every row: no graph holds that.
         capacity = None if self.mode == "off" or self.model.kernel_backend == "reference" or unpooled \
-            or self.eager else self._pick(plan)
+            or self.eager or not self.model.selective_readout else self._pick(plan)
         if capacity is None:
             self.eager_rounds += 1
             self.last_host_ms = 0.0
             device_plan = device_round(plan, self.spec, self.device)
             self._mark(0)
-            logprobs = self.model(device_plan, self.state_pool, self.kv_pool, cancelled)
+            out = self.model(device_plan, self.state_pool, self.kv_pool, cancelled,
+                             normed=self.model.selective_readout)
             self._mark(1)
-            return logprobs, None
+            return out, None
         if cancelled is not None and cancelled():  # asked once: a replay cannot stop midway
             raise ForwardCancelled(0, len(self.model.model.layers))
         t0 = time.perf_counter()

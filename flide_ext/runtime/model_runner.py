@@ -15,6 +15,7 @@ import torch
 
 from ..assets.builtin_models import resolve_model_path
 from ..kernels.dispatch import environment_backend
+from ..layers.readout import normalised_over_labels
 from ..models.base import RESIDUAL_DTYPE
 from ..models.loader import load_model
 from ..plan.flat import FlatPlan
@@ -253,7 +254,7 @@ class ModelRunner:
     def forward(self, plan: FlatPlan, cancelled: Optional[Callable[[], bool]] = None
                 ) -> tuple[torch.Tensor, Optional[GraphCapacity]]:
         """Run a planned round (slots assigned; K/V rows assigned when the runner
-        has a K/V pool).
+        has a K/V pool), up to the LM head: :meth:`answers` reads its output.
 
         Args:
             plan: the round's plan.
@@ -262,16 +263,19 @@ class ModelRunner:
                 true stops the round (None: never).
 
         Returns:
-            ``([>= R, vocab] float32 log-probabilities on the device, whose first R
-            rows are the readout rows; the graph capacity replayed, or None when
-            the round ran eagerly)``.
+            ``(out, graph)``: ``out`` the ``[>= R, hidden]`` normed readout rows
+            on the device, in the LM head's dtype, whose first R rows are the
+            readout rows (``[>= R, vocab]`` float32 log-probabilities when the
+            model's selective readout is off); ``graph`` the graph capacity
+            replayed, or None when the round ran eagerly.
 
         Raises:
             ForwardCancelled: ``cancelled()`` was true; the plan's K/V rows and
                 slots hold half a round.
         """
         if self.graphs is None:
-            return self.model(plan, self.state_pool, self.kv_pool, cancelled), None
+            return self.model(plan, self.state_pool, self.kv_pool, cancelled,
+                              normed=self.model.selective_readout), None
         return self.graphs.run(plan, cancelled)
 
     def forward_times(self) -> tuple[float, float]:
@@ -283,22 +287,49 @@ class ModelRunner:
             return 0.0, 0.0
         return self.graphs.last_host_ms / 1e3, self.graphs.last_gpu_ms() / 1e3
 
-    @staticmethod
-    def gather_labels(logprobs: torch.Tensor, rows: Sequence[int], labels: Sequence[Sequence[int]]) -> list:
-        """Per prompt, the log-probabilities of its labels (Python floats): only
-        those leave the device.
+    def answers(self, out: torch.Tensor, rows: Sequence[int], labels: Sequence[Sequence[int]],
+                over_labels: Sequence[bool]) -> list:
+        """Per prompt, the log-probabilities of its labels (Python floats; only
+        those leave the device): over the whole vocabulary (the LM head's full
+        product and log-softmax), or, where ``over_labels`` says so, over its
+        labels alone (only their logits: :func:`~flide_ext.layers.readout.normalised_over_labels`).
 
         Args:
-            logprobs: ``[>= R, vocab]`` the round's readout log-probabilities.
-            rows: per prompt, its row in ``logprobs``.
+            out: :meth:`forward`'s output for the round.
+            rows: per prompt, its row in ``out``.
             labels: per prompt, its label token ids.
+            over_labels: per prompt, whether it is normalised over its labels.
         """
-        flat_rows = [row for row, ids in zip(rows, labels) for _ in ids]
-        flat_ids = [i for ids in labels for i in ids]
-        index = torch.tensor([flat_rows, flat_ids], dtype=torch.long).to(logprobs.device, non_blocking=True)
-        values = logprobs[index[0], index[1]].tolist()
-        out, at = [], 0
-        for ids in labels:
-            out.append(values[at:at + len(ids)])
-            at += len(ids)
-        return out
+        answers: list = [None] * len(rows)
+        full = [i for i, own in enumerate(over_labels) if not own]
+        mine = [i for i, own in enumerate(over_labels) if own]
+        if not self.model.selective_readout:  # ``out`` holds the log-probabilities already
+            values = _gather(out, rows, labels)
+            return [normalised_over_labels(v) if own else v for v, own in zip(values, over_labels)]
+        if full:
+            picked = torch.tensor([rows[i] for i in full], dtype=torch.long).to(out.device, non_blocking=True)
+            logprobs = self.model.head_logprobs(out.index_select(0, picked))
+            for i, values in zip(full, _gather(logprobs, range(len(full)), [labels[i] for i in full])):
+                answers[i] = values
+        if mine:
+            pairs = torch.tensor([[rows[i] for i in mine for _ in labels[i]], [l for i in mine for l in labels[i]]],
+                                 dtype=torch.long).to(out.device, non_blocking=True)
+            logits = self.model.label_logits(out, pairs[0], pairs[1]).tolist()
+            at = 0
+            for i in mine:
+                answers[i] = normalised_over_labels(logits[at:at + len(labels[i])])
+                at += len(labels[i])
+        return answers
+
+
+def _gather(logprobs: torch.Tensor, rows: Sequence[int], labels: Sequence[Sequence[int]]) -> list:
+    # Per prompt, the values of its labels in its row of ``logprobs`` [>= R, vocab], as Python floats.
+    flat_rows = [row for row, ids in zip(rows, labels) for _ in ids]
+    flat_ids = [i for ids in labels for i in ids]
+    index = torch.tensor([flat_rows, flat_ids], dtype=torch.long).to(logprobs.device, non_blocking=True)
+    values = logprobs[index[0], index[1]].tolist()
+    out, at = [], 0
+    for ids in labels:
+        out.append(values[at:at + len(ids)])
+        at += len(ids)
+    return out

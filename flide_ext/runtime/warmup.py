@@ -13,6 +13,8 @@ questions; to many short ones; to a few after a long state; many requests in
 one round; a request resuming from the state cache, past its state and exactly
 at it), each pass twice when the engine has flat graphs (eagerly, then as
 rounds are served: replayed or eager by cost), then empties the state cache.
+Every other round is normalised over its labels (the readout that computes
+only the labels' logits), the others over the vocabulary.
 Every round is one :meth:`~.engine.Engine.run_rounds` call, so a small round
 capacity splits it and a short context length shortens its prompts.
 """
@@ -130,8 +132,9 @@ def warm_up(engine, seed: int = WARMUP_SEED) -> WarmupReport:
     before = (graphs.eager_rounds, graphs.replays) if graphs is not None else (0, 0)
     for eager in ((True, False) if graphs is not None and graphs.mode != "off" else (False,)):
         with _eager(graphs) if eager else nullcontext():
-            for groups in rounds:
-                result = engine.run_rounds(groups)
+            for k, groups in enumerate(rounds):
+                # Every other round normalised over its labels: their kernel compiles too.
+                result = engine.run_rounds(groups, over_labels=[k % 2 == 1] * len(groups))
                 report.rounds += len(result.graphs)
                 report.stream_tokens += result.stats.stream_tokens
                 report.resumed_tokens += result.stats.resumed_tokens

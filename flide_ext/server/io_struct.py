@@ -33,6 +33,8 @@ class ScoreWork:
             refuses the request (no round can hold what it still has to compute).
         request_id: the HTTP request's id (``X-Request-Id``, the log lines'
             ``rid=``), which the scheduler's error lines name.
+        over_labels: answer each prompt's labels normalised over its labels
+            alone (only their logits are computed), not over the vocabulary.
     """
 
     rid: int
@@ -43,16 +45,18 @@ class ScoreWork:
     sent: float = 0.0
     field: str = "prompts"
     request_id: str = "-"
+    over_labels: bool = False
 
     @classmethod
     def pack(cls, rid: int, prompts: List[np.ndarray], labels: List[List[int]],
              size: Optional[RequestSize] = None, field: str = "prompts",
-             shared: Optional[int] = None, request_id: str = "-") -> "ScoreWork":
+             shared: Optional[int] = None, request_id: str = "-", over_labels: bool = False) -> "ScoreWork":
         """A ScoreWork of ``prompts`` (non-empty ``[n]`` int64 arrays), split at
         their common prefix (``shared`` tokens when the caller knows it already:
         :attr:`~flide_ext.plan.tree.PrefixTree.shared_tokens`)."""
         n = common_prefix(prompts) if shared is None else shared
-        return cls(rid, prompts[0][:n], [p[n:] for p in prompts], labels, size, time.time(), field, request_id)
+        return cls(rid, prompts[0][:n], [p[n:] for p in prompts], labels, size, time.time(), field, request_id,
+                   over_labels)
 
     @property
     def state(self) -> np.ndarray:
@@ -72,7 +76,8 @@ class ScoreDone:
 
     Attributes:
         rid: the request's id.
-        label_logprobs: per prompt, the full-vocabulary log-probability of each label.
+        label_logprobs: per prompt, the log-probability of each label over the
+            full vocabulary (over its labels alone for a ScoreWork ``over_labels``).
         stream_tokens: tokens of the round's flat stream that belong to this request.
         round_requests: requests in the round.
         cached_tokens: prompt tokens resumed from the state cache, summed over the

@@ -182,7 +182,8 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
             started, started_at = time.perf_counter(), time.time()
             withdrawals.start_round(w.rid for w in batch)
             with clock.running():
-                result = engine.run_round([(w.prompts, w.labels, w.state) for w in batch], withdrawals.all_gone)
+                result = engine.run_round([(w.prompts, w.labels, w.state) for w in batch], withdrawals.all_gone,
+                                          over_labels=[w.over_labels for w in batch])
             if pace is not None:
                 pace.observe(result.stats.stream_tokens, time.perf_counter() - started)
             stats = engine.cache_stats()

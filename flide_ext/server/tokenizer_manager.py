@@ -187,7 +187,8 @@ class TokenizerManager:
             self.pending.pop(rid, None)
             self.queued -= queued
 
-    async def score(self, prompts: List, labels: List[List[int]], field: str = "prompts") -> ScoreDone:
+    async def score(self, prompts: List, labels: List[List[int]], field: str = "prompts",
+                    over_labels: bool = False) -> ScoreDone:
         """Run one request's prompts in the scheduler's next round (resuming from
         the state cache, and leaving its state there).
 
@@ -196,6 +197,8 @@ class TokenizerManager:
                 vocabulary and context already.
             labels: label token ids per prompt.
             field: the request field the prompts came from, named in errors.
+            over_labels: answer log-probabilities normalised over each prompt's
+                labels (all a softmax over them needs) instead of the vocabulary.
 
         Raises:
             RequestError: on ``field``, when the prompts nest too deep or no round
@@ -214,7 +217,8 @@ class TokenizerManager:
             clock.lap("tokenize")
         request_id = RID.get()
         done: ScoreDone = await self._ask(lambda rid: ScoreWork.pack(rid, prompts, labels, size, field,
-                                                                     tree.shared_tokens, request_id), queued=True)
+                                                                     tree.shared_tokens, request_id, over_labels),
+                                          queued=True)
         if clock is not None:
             clock.stages.update(done.stages)
             clock.lap("transport")  # the whole round trip, less the scheduler's stages
@@ -346,7 +350,10 @@ class TokenizerManager:
         from sglang.srt.entrypoints.openai.protocol import ScoringResponse, UsageInfo
 
         request, prompts, label_lists = await self._encode(self._encode_score, body)
-        done = await self.score(prompts, label_lists, field="items")
+        # Scores normalised over the labels need only the labels' logits; the
+        # token log-probabilities and unnormalised scores are the vocabulary's.
+        over_labels = bool(request.apply_softmax) and not request.return_token_logprobs
+        done = await self.score(prompts, label_lists, field="items", over_labels=over_labels)
         if request.apply_softmax:
             scores = [label_probabilities(lp, request.temperature) for lp in done.label_logprobs]
         else:

@@ -143,3 +143,26 @@ def test_decisions_after_first_steps_counts_the_phase_once_every_first_step_ende
     assert bench_serving.report.after_first_steps(records) == pytest.approx(10.0)
     assert bench_serving.report.after_first_steps(records[:2]) is None  # nothing after the first steps
     assert bench_serving.report.after_first_steps([]) is None
+
+
+def test_http_floor_probes_the_routes_without_the_scheduler(server, tmp_path, capsys):
+    """benchmark/serving/http_floor.py: every probe answered and timed, each with a
+    fresh session per request and over a kept one; the refused score body is
+    refused (400) without a round."""
+    import requests
+
+    spec = importlib.util.spec_from_file_location("http_floor", ROOT / "benchmark" / "serving" / "http_floor.py")
+    floor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(floor)
+    method, url, body = floor._request("refused_score", server, 30)
+    refused = requests.post(url, json=body, timeout=30)
+    assert refused.status_code == 400 and "label_token_ids" in refused.text
+    out = tmp_path / "floor.json"
+    assert floor.main(["--url", server, "--label", "flide", "--requests", "5", "--score-tokens", "30",
+                       "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["probe"], r["session"]) for r in rows] == [(p, s) for p in floor.PROBES
+                                                          for s in ("per request", "kept")]
+    assert all(r["requests"] == 5 and 0 < r["p50_ms"] <= r["p90_ms"] for r in rows)
+    assert "refused_score" in capsys.readouterr().out
+    assert floor.main(["--url", "http://127.0.0.1:9", "--requests", "1"]) == 1

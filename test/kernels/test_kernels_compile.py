@@ -209,6 +209,17 @@ def test_sigmoid_mul_compiles_for_h200(monkeypatch):
     assert _compiled(rec) == [1]
 
 
+def test_label_logits_compile_for_h200(monkeypatch):
+    """The label-only readout at a Qwen3.5-4B hidden size (2,560: three blocks, the last one masked)."""
+    import flide_ext.kernels.label_logits.kernel as ll
+
+    rec = record(monkeypatch, ll, "_label_logits_kernel")
+    pairs = torch.tensor([0, 1, 1])
+    ll.label_logits_triton(torch.zeros(2, 2560, dtype=torch.bfloat16), torch.zeros(64, 2560, dtype=torch.bfloat16),
+                           pairs, pairs)
+    assert _compiled(rec) == [1]
+
+
 def test_rotary_compiles_for_h200(monkeypatch):
     """Qwen3.5's partial rotary (64 of 256 features, q as a head split of the gated
     q_proj) and a full rotary of 128-feature heads."""

@@ -59,7 +59,7 @@ def test_engine_splits_batches_into_rounds_and_refuses_oversized(tiny_dirs):
     assert want.stats.requests == 5
     narrow = Engine(str(tiny_dirs["qwen3_5"]), round_capacity=RoundCapacity(tokens=70, segments=6))
     rounds, run_round = [], narrow.run_round
-    narrow.run_round = lambda groups: rounds.append(len(groups)) or run_round(groups)
+    narrow.run_round = lambda groups, **kw: rounds.append(len(groups)) or run_round(groups, **kw)
     got = narrow.score_tokens_batch(requests[:2] + [big] + requests[2:])
     assert isinstance(got[2], RequestError) and got[2].field == "prompts"
     assert "needs 77 stream tokens" in got[2].message
