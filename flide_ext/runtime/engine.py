@@ -165,12 +165,8 @@ class Engine:
 
     @_serialised
     @torch.inference_mode()
-    def run_round(
-        self,
-        groups: Sequence[tuple],
-        cancelled: Optional[Callable[[], bool]] = None,
-        over_labels: Optional[Sequence[bool]] = None,
-    ) -> RoundResult:
+    def run_round(self, groups: Sequence[tuple], cancelled: Optional[Callable[[], bool]] = None,
+                  over_labels: Optional[Sequence[bool]] = None) -> RoundResult:
         """Run one round: each group is one request's ``(prompts, label ids per prompt)``,
         or ``(prompts, labels, state)`` from a caller that has the request's state
         (:func:`~.checkpoints.state_of` of its prompts: the scheduler's ScoreWork).
@@ -183,25 +179,21 @@ class Engine:
             groups: the round's requests.
             cancelled: asked before each layer of the forward (on CUDA graphs,
                 once before the replay, which runs whole); true stops the round.
-                The flat stream is shared, so a round runs for all its requests
-                or none: the caller says true only once no request of the round
-                is awaited. None: never asked.
-            over_labels: per request, whether its answers are normalised over
-                its labels alone (only their logits are computed: what a softmax
-                over the labels needs) instead of over the vocabulary (None: none is).
+                The flat stream is shared, so a round runs for all its requests or
+                none: true only once none of them is awaited. None: never asked.
+            over_labels: per request, whether its answers are normalised over its
+                labels alone (only their logits computed), not the vocabulary.
 
         Returns:
-            The round's :class:`~.round_result.RoundResult`: per request, per
-            prompt, the log-probability of each of its labels over the full
-            vocabulary (or over its labels, as ``over_labels`` says);
-            stream tokens, resumed and kept checkpoint tokens per request; stats.
+            The round's :class:`~.round_result.RoundResult`: per request, per prompt,
+            the log-probability of each of its labels over the full vocabulary (or
+            its labels); stream tokens, resumed and kept checkpoint tokens; stats.
 
         Raises:
             RoundCancelled: ``cancelled()`` was true. The round's pool rows and
-                slots are free again and it kept no checkpoint (it may have
-                evicted some to make room, and marked those it matched as
-                recently used, as any round does), so later rounds' answers are
-                what they would have been without it.
+                slots are free again and it kept no checkpoint (it may have evicted
+                some to make room, and marked those it matched as recently used, as
+                any round does): later rounds' answers are as without it.
         """
         started = time.perf_counter()
         requests, prompts, labels, normalised = [], [], [], []
@@ -284,15 +276,14 @@ class Engine:
 
     # -- batches: as many rounds as the capacity needs ---------------------------
 
-    def _run_queue(self, groups: list, queue: RoundQueue, over_labels: Optional[Sequence[bool]] = None
-                   ) -> RoundResult:
+    def _run_queue(self, groups: list, queue: RoundQueue, over_labels: Optional[Sequence[bool]] = None) -> RoundResult:
         # The queue's items index ``groups``; rounds run until it is empty.
         n = len(groups)
         out = RoundResult([None] * n, [0] * n, [0] * n, [0] * n)
         while len(queue):
             taken = queue.next_round()
-            result = self.run_round([groups[i] for i in taken], over_labels=None if over_labels is None
-                                    else [over_labels[i] for i in taken])
+            flags = over_labels and [over_labels[i] for i in taken]
+            result = self.run_round([groups[i] for i in taken], over_labels=flags)
             for j, i in enumerate(taken):
                 out.answers[i], out.stream_tokens[i] = result.answers[j], result.stream_tokens[j]
                 out.resumed_tokens[i], out.kept_tokens[i] = result.resumed_tokens[j], result.kept_tokens[j]

@@ -134,6 +134,7 @@ def test_a_request_larger_than_a_round_runs_when_it_resumes(small_rounds, char_m
     the answers a fresh engine gives the whole prompts; after a flush the same
     request is refused with a 400 naming ``items``, and the server goes on."""
     from flide_ext import Engine
+    from flide_ext.protocol.decisions import label_probabilities
 
     history = [(7 * i) % 90 + 5 for i in range(350)]
 
@@ -146,8 +147,9 @@ def test_a_request_larger_than_a_round_runs_when_it_resumes(small_rounds, char_m
     assert later.status_code == 200, later.text
     assert later.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 2 * 192
     fresh = Engine(str(char_model_dir), context_length=400, radix_cache=False)
-    want = fresh.score_tokens({"prompts": [history + [3, 4], history + [5]], "label_token_ids": [1, 2]})
-    assert later.json()["scores"] == want.probabilities
+    # Normalised over the labels, as the server answers apply_softmax.
+    want = fresh.run_round([([history + [3, 4], history + [5]], [[1, 2]] * 2)], over_labels=[True]).answers[0]
+    assert later.json()["scores"] == [label_probabilities(lp, 1.0) for lp in want]
     assert requests.post(f"{small_rounds}/flush_cache").status_code == 200
     refused = requests.post(f"{small_rounds}/v1/score", json=step(350))
     assert refused.status_code == 400 and refused.json()["param"] == "items", refused.text
