@@ -31,6 +31,8 @@
 #               run the workloads into /tmp/bench/flide (packed into $OUT/flide.tar.gz), stop it
 #   sglang      start SGLang 0.5.17 with --launch (launch.sh PARTS MODEL PORT), the same, into .../sglang
 #   compare     benchmark/serving/compare.py for every workload both engines ran
+#   floor       benchmark/serving/http_floor.py against the server a --keep-server step left on --port ($FLOOR_LABEL,
+#               default flide; $FLOOR_REQUESTS per probe, default 100) -> $RESULTS/LABEL/http_floor.json
 #   inprocess   benchmark/bench_decision.py in process (no server may hold the GPU): $INPROC_WORKLOADS (default
 #               race_single multirc quality) one request at a time, with its roofline floor -> $OUT/inprocess.tar.gz
 #   sweep       benchmark/sweep_agent_graphs.py in process (no server may hold the GPU): an agent step under
@@ -476,6 +478,17 @@ step_sglang() {
     flide_env  # the client's environment (bench_decision's generators import flide_ext)
     run_workloads sglang; rc=$?
     finish sglang "$pid"
+    return $rc
+}
+
+step_floor() {  # benchmark/serving/http_floor.py against the server left on $PORT (--keep-server): the HTTP floor
+    flide_env  # its client is SGLang's bench_serving session, whose import needs the sgl_kernel stand-in
+    local label=${FLOOR_LABEL:-flide} rc=0
+    mkdir -p "$RESULTS/$label"
+    (cd /tmp && timeout 300 python3 "$REPO/benchmark/serving/http_floor.py" --url "http://127.0.0.1:$PORT" \
+        --label "$label" --requests "${FLOOR_REQUESTS:-100}" --score-tokens 465 \
+        --out "$RESULTS/$label/http_floor.json") 2>&1 | tail -n 8 || rc=1
+    tar -czf "$OUT/$label.tar.gz" -C "$RESULTS" "$label"
     return $rc
 }
 
