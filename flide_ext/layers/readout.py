@@ -90,11 +90,14 @@ def normalised_over_labels(logits: list[float]) -> list[float]:
     be left out).
 
     Args:
-        logits: one question's label logits (float32 values), at least one.
+        logits: one question's label logits (float32 values).
 
     Returns:
-        As many log-probabilities, whose exponentials sum to 1 (to rounding).
+        As many log-probabilities, whose exponentials sum to 1 (to rounding);
+        none for none.
     """
+    if not logits:
+        return []
     top = max(logits)
     if math.isinf(top):  # every logit -inf (or one +inf): nothing to normalise by
         return [0.0 if x == top else -math.inf for x in logits] if top > 0 else list(logits)

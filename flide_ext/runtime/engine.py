@@ -58,22 +58,19 @@ class Engine:
             or a built-in model name (``smollm2-135m``).
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"`` (or a torch dtype).
         device: torch device for weights and compute (``"cpu"``, ``"cuda"``).
-        context_length: longest prompt, in tokens, accepted (exclusive); defaults to
-            and may not exceed the model's ``max_position_embeddings``.
+        context_length: longest prompt, in tokens, accepted (exclusive); at most (and by
+            default) the model's ``max_position_embeddings``.
         tokenizer_path: tokenizer directory, if not the model's own.
-        radix_cache: keep every request's state in the state cache
-            (:mod:`~.state_cache`), from which later requests that extend it
-            resume; False is SGLang's ``--disable-radix-cache``.
-        state_cache_bytes: the cache's memory (K/V rows and GDN slots), on top of
-            one round's working rows; default
-            :func:`~.model_runner.default_cache_bytes`.
-        model: an already built Flide model (e.g.
-            :func:`flide_ext.assets.random_checkpoints.random_model`) to serve instead of
-            loading ``model_path``, which then only names it (benchmarks).
+        radix_cache: keep every request's state in the state cache (:mod:`~.state_cache`),
+            from which later requests that extend it resume; False is SGLang's
+            ``--disable-radix-cache``.
+        state_cache_bytes: the cache's memory (K/V rows and GDN slots), on top of one
+            round's working rows; default :func:`~.model_runner.default_cache_bytes`.
+        model: an already built Flide model to serve instead of loading ``model_path``,
+            which then only names it (benchmarks: :func:`~flide_ext.assets.random_checkpoints.random_model`).
         round_capacity: most stream tokens, segments and requests per round
-            (:class:`~flide_ext.runtime.rounds.RoundCapacity`); the batch methods
-            split their requests into rounds within it and refuse a request no
-            round can hold.
+            (:class:`~flide_ext.runtime.rounds.RoundCapacity`); the batch methods split
+            their requests into rounds within it and refuse a request no round can hold.
         cuda_graphs: ``"flat"``, ``"per_shape"`` or ``"off"``
             (:mod:`~flide_ext.runtime.graph_runner`); default ``"flat"`` on CUDA,
             only ``"off"`` on the CPU.
@@ -81,18 +78,17 @@ class Engine:
             :func:`~flide_ext.runtime.graph_capacities.default_capacities` of the round capacity).
         deterministic: deterministic mode (SGLang's ``--enable-deterministic-inference``,
             :mod:`~.determinism`): on CUDA this engine's GEMMs at row counts checked at start.
-        gdn_rule_dtype: the dtype hybrid models' GDN layers run the gated delta
-            rule in (``"float32"`` in a bf16 model keeps its chunk states and WY
-            factors in float32); None: ``dtype``.
-        residual_dtype: the residual stream's, ``"float32"`` or ``"model"`` (its
-            dtype); None: :data:`~flide_ext.models.base.RESIDUAL_DTYPE` (float32).
+        gdn_rule_dtype: the dtype hybrid models' GDN layers run the gated delta rule in
+            (``"float32"`` in a bf16 model keeps its chunk states and WY factors in
+            float32); None: ``dtype``.
+        residual_dtype: the residual stream's, ``"float32"`` or ``"model"`` (its dtype);
+            None: :data:`~flide_ext.models.base.RESIDUAL_DTYPE` (float32).
 
     Raises:
         ModelLoadError: the model cannot be found or loaded, or the device does not exist.
         ValueError: an unknown dtype or residual dtype, or a context length below 1.
 
-    One engine serves one round at a time; calls from several threads wait for
-    each other.
+    One engine serves one round at a time; calls from several threads wait for each other.
     """
 
     def __init__(
@@ -171,9 +167,8 @@ class Engine:
         or ``(prompts, labels, state)`` from a caller that has the request's state
         (:func:`~.checkpoints.state_of` of its prompts: the scheduler's ScoreWork).
 
-        With the state cache on, each request resumes from the longest cached
-        checkpoint of its state and leaves its own state behind
-        (:mod:`~.checkpoints`).
+        With the state cache on, each request resumes from the longest cached checkpoint
+        of its state and leaves its own state behind (:mod:`~.checkpoints`).
 
         Args:
             groups: the round's requests.
@@ -182,7 +177,8 @@ class Engine:
                 The flat stream is shared, so a round runs for all its requests or
                 none: true only once none of them is awaited. None: never asked.
             over_labels: per request, whether its answers are normalised over its
-                labels alone (only their logits computed), not the vocabulary.
+                labels alone (only their logits computed), not the vocabulary;
+                one flag per request (ValueError otherwise).
 
         Returns:
             The round's :class:`~.round_result.RoundResult`: per request, per prompt,
@@ -196,6 +192,8 @@ class Engine:
                 any round does): later rounds' answers are as without it.
         """
         started = time.perf_counter()
+        if over_labels is not None and len(over_labels) != len(groups):
+            raise ValueError(f"over_labels has {len(over_labels)} flags for {len(groups)} requests")
         requests, prompts, labels, normalised = [], [], [], []
         for r, (group_prompts, group_labels, *_) in enumerate(groups):
             requests += [r] * len(group_prompts)
@@ -240,16 +238,15 @@ class Engine:
                 cache.evict()  # back within the slot budget
 
         tables, gpu = self.runner.forward_times()
-        seconds = (planned - started, forwarded - planned - keeping, time.perf_counter() - forwarded + keeping,
-                   tables, gpu)
+        seconds = (planned - started, forwarded - planned - keeping, time.perf_counter() - forwarded + keeping, tables, gpu)
         return round_result(n, requests, label_logprobs, prompts, plan,
                             [cached.resume[r].length if r in cached.resume else 0 for r in range(n)],
                             [kept_tokens.get(r, 0) for r in range(n)], graph, seconds)
 
     @_serialised
     def round_size(self, state: np.ndarray, size: RequestSize) -> RequestSize:
-        """A request's size in a round run now, with what it would resume from the
-        state cache (:func:`~.checkpoints.round_size`); ``size`` when the cache is off.
+        """A request's size in a round run now, less what it would resume from the state
+        cache (:func:`~.checkpoints.round_size`); ``size`` when the cache is off.
 
         Args:
             state: ``[n]`` int64 the request's state (:func:`~.checkpoints.state_of`).
@@ -259,8 +256,7 @@ class Engine:
 
     @_serialised
     def flush_cache(self) -> None:
-        """Forget every cached state (SGLang's ``/flush_cache``); nothing when the
-        cache is off."""
+        """Forget every cached state (SGLang's ``/flush_cache``); nothing when the cache is off."""
         if self.cache is not None:
             self.cache.flush()
 
@@ -282,7 +278,7 @@ class Engine:
         out = RoundResult([None] * n, [0] * n, [0] * n, [0] * n)
         while len(queue):
             taken = queue.next_round()
-            flags = over_labels and [over_labels[i] for i in taken]
+            flags = None if over_labels is None else [over_labels[i] for i in taken]
             result = self.run_round([groups[i] for i in taken], over_labels=flags)
             for j, i in enumerate(taken):
                 out.answers[i], out.stream_tokens[i] = result.answers[j], result.stream_tokens[j]
@@ -303,12 +299,16 @@ class Engine:
 
         Raises:
             RequestError: a request larger than a round (naming ``prompts``).
+            ValueError: as :meth:`run_round`.
         """
-        checked, queue = queue_batch(self.round_capacity, list(groups), lambda g: g[0], "prompts")
+        groups = list(groups)
+        if over_labels is not None and len(over_labels) != len(groups):
+            raise ValueError(f"over_labels has {len(over_labels)} flags for {len(groups)} requests")
+        checked, queue = queue_batch(self.round_capacity, groups, lambda g: g[0], "prompts")
         refused = next((item for item in checked if isinstance(item, RequestError)), None)
         if refused is not None:
             raise refused
-        return self._run_queue(list(groups), queue, over_labels)
+        return self._run_queue(groups, queue, over_labels)
 
     # -- low-level form: token ids in, label log-probabilities out ---------------
 

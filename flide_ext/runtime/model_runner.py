@@ -299,7 +299,13 @@ class ModelRunner:
             rows: per prompt, its row in ``out``.
             labels: per prompt, its label token ids.
             over_labels: per prompt, whether it is normalised over its labels.
+
+        Raises:
+            ValueError: a label id outside the vocabulary (the kernels do not check).
         """
+        vocab = self.model.lm_head.weight.shape[0]
+        if any(not 0 <= label < vocab for ids in labels for label in ids):
+            raise ValueError(f"label token ids must be integers in [0, {vocab})")
         answers: list = [None] * len(rows)
         full = [i for i, own in enumerate(over_labels) if not own]
         mine = [i for i, own in enumerate(over_labels) if own]

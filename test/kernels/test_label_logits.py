@@ -77,3 +77,13 @@ def test_bad_arguments_are_refused():
         label_logits(x, weight, rows, labels[:1])
     with pytest.raises(ValueError, match="int64"):
         label_logits(x, weight, rows.int(), labels.int())
+
+
+def test_integer_rows_are_refused_and_empty_rows_give_zero():
+    x, weight = torch.ones(2, 4, dtype=torch.int64), torch.ones(8, 4, dtype=torch.int64)
+    pairs = torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="floating-point"):
+        label_logits(x, weight, pairs, pairs)
+    for backend in ("triton", "reference"):
+        out = label_logits(torch.zeros(2, 0), torch.zeros(8, 0), pairs, pairs, backend=backend)
+        assert torch.equal(out, torch.zeros(2))

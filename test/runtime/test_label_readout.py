@@ -74,3 +74,29 @@ def test_without_selective_readout_the_answers_are_renormalised_too(tiny_engines
         engine.model.selective_readout = True
     for g, w in zip(got, want):
         assert g == pytest.approx(w, abs=1e-6)
+
+
+def test_bad_flags_and_labels_are_refused_with_a_clear_error(tiny_engines):
+    """Found by a breaker run: the kernels read label rows unchecked, so the readout
+    checks every label id (both readouts); one flag per request; no labels, no answers."""
+    engine = tiny_engines["qwen3_5"]
+    state = [5, 6, 7, 8]
+    for labels in ([[512]], [[-1, 3]], [[100000]]):
+        for over in ([True], [False]):
+            with pytest.raises(ValueError, match=r"label token ids must be integers in \[0, 512\)"):
+                engine.run_round([([state], labels)], over_labels=over)
+    group = ([state], [[1, 2]])
+    for flags in ([True], [], [True, False, True]):
+        with pytest.raises(ValueError, match="over_labels has"):
+            engine.run_round([group, group], over_labels=flags)
+        with pytest.raises(ValueError, match="over_labels has"):
+            engine.run_rounds([group, group], over_labels=flags)
+    # A numpy array of flags works as a list does, in both forms.
+    import numpy as np
+
+    flags = np.array([True, False])
+    assert engine.run_rounds([group, group], over_labels=flags).answers == \
+        engine.run_round([group, group], over_labels=[True, False]).answers
+    assert engine.run_round([([state + [50]], [[]])], over_labels=[True]).answers == [[[]]]
+    # The engine still answers afterwards.
+    assert len(engine.run_round([group], over_labels=[True]).answers[0][0]) == 2

@@ -18,6 +18,8 @@ def _check(x: torch.Tensor, weight: torch.Tensor, rows: torch.Tensor, labels: to
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"label_logits: x {tuple(x.shape)} and weight {tuple(weight.shape)} must be "
                          "[R, hidden] and [vocab, hidden]")
+    if not x.is_floating_point():
+        raise ValueError(f"label_logits: x dtype {x.dtype} is not a floating-point dtype")
     if weight.dtype != x.dtype:
         raise ValueError(f"label_logits: x dtype {x.dtype} and weight dtype {weight.dtype} differ")
     if rows.dim() != 1 or labels.shape != rows.shape:

@@ -38,10 +38,10 @@ def label_logits_triton(x: torch.Tensor, weight: torch.Tensor, rows: torch.Tenso
         ValueError: a dtype other than float32, bfloat16 or float16.
     """
     check_float32_math_dtypes("label_logits_triton", x=x, weight=weight)
-    out = torch.empty(rows.numel(), dtype=torch.float32, device=x.device)
-    if out.numel() == 0:
-        return out
     hidden = x.shape[1]
+    if rows.numel() == 0 or hidden == 0:  # no pairs; or empty rows, whose dot products are 0
+        return torch.zeros(rows.numel(), dtype=torch.float32, device=x.device)
+    out = torch.empty(rows.numel(), dtype=torch.float32, device=x.device)
     _label_logits_kernel[(rows.numel(),)](
         x.contiguous(), weight.contiguous(), rows.contiguous(), labels.contiguous(), out,
         HIDDEN=hidden, BLOCK=min(BLOCK, triton.next_power_of_2(hidden)), num_warps=4,
