@@ -72,10 +72,11 @@ def parse_token_request(obj) -> TokenRequest:
     return validate_model(TokenRequest, obj)
 
 
-def check_prompts(prompts: Sequence, vocab_size: int, context_length: int, field: str = "prompts") -> None:
+def check_prompts(prompts: Sequence, vocab_size: Optional[int], context_length: int, field: str = "prompts") -> None:
     """Check prompts (token-id lists or ``[n]`` integer arrays) against a model's
     vocabulary and context; their prefix tree's depth is checked where it is
-    built (:func:`flide_ext.runtime.rounds.request_size`).
+    built (:func:`flide_ext.runtime.rounds.request_size`). ``vocab_size`` None:
+    the ids were checked already (only emptiness and length are checked).
 
     Raises:
         RequestError: on ``field[i]``: an empty prompt, a prompt of
@@ -89,6 +90,8 @@ def check_prompts(prompts: Sequence, vocab_size: int, context_length: int, field
             raise RequestError(
                 name, f"has {len(prompt)} tokens, which does not fit the context length of {context_length} tokens"
             )
+        if vocab_size is None:
+            continue
         low, high = (int(prompt.min()), int(prompt.max())) if isinstance(prompt, np.ndarray) else (min(prompt), max(prompt))
         if low < 0 or high >= vocab_size:  # C loops; the first bad id only when there is one
             bad = next(int(t) for t in prompt if not 0 <= t < vocab_size)

@@ -284,8 +284,9 @@ class TokenizerManager:
         done = await self.score([q.prompt_ids for q in encoded], [q.label_ids for q in encoded], field="questions")
         return self.systemone.respond(request, views, encoded, done.label_logprobs)
 
-    def _ids(self, value, field: str, special: bool, before: int = 0) -> np.ndarray:
-        # -> [n] int64: a text tokenised, or token ids checked against the vocabulary.
+    def _ids(self, value, field: str, special: bool, before: int = 0, check: bool = True) -> np.ndarray:
+        # -> [n] int64: a text tokenised, or token ids checked against the vocabulary
+        # (unless ``check`` is false: the caller checks many at once, _check_vocab).
         # ``before``: a bound on the tokens the prompt has besides these.
         if isinstance(value, str):
             if not value:
@@ -296,9 +297,18 @@ class TokenizerManager:
             ids = np.asarray(value, dtype=np.int64)
         except OverflowError:
             ids = None
-        if ids is None or (ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size)):
+        if ids is None or (check and ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size)):
             raise RequestError(field, f"token ids must be integers in [0, {self.vocab_size})")
         return ids
+
+    def _check_vocab(self, arrays: List[np.ndarray], field: str) -> None:
+        # Every id of ``arrays`` in the vocabulary, in one pass over them all (two
+        # reductions per item cost more than the ids of a short item); the first
+        # bad item is named.
+        flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+        if flat.size and (flat.min() < 0 or flat.max() >= self.vocab_size):
+            for i, ids in enumerate(arrays):
+                self._ids(ids, f"{field}[{i}]", special=False)
 
     async def probe(self) -> None:
         """Run a one-token prompt through the scheduler's next round (SGLang's
@@ -329,13 +339,15 @@ class TokenizerManager:
             raise RequestError("temperature", "requires apply_softmax=true")
         items = [request.items] if isinstance(request.items, str) else request.items
         query = self._ids(request.query or [], "query", special=True)
-        item_ids = [self._ids(item, f"items[{i}]", special=False, before=len(query)) for i, item in enumerate(items)]
+        item_ids = [self._ids(item, f"items[{i}]", special=False, before=len(query), check=False)
+                    for i, item in enumerate(items)]
+        self._check_vocab(item_ids, "items")
         # One [n] int64 array per prompt: the query is not copied id by id into
         # Python lists, however long it is.
         prompts = [np.concatenate((ids, query) if request.item_first else (query, ids)) for ids in item_ids]
         labels = request.label_token_ids
         per_item = bool(labels) and isinstance(labels[0], list)
-        check_prompts(prompts, self.vocab_size, self.context_length, field="items")
+        check_prompts(prompts, None, self.context_length, field="items")  # every id checked above
         check_labels(labels, len(prompts), self.vocab_size)
         label_lists = [labels[i] if per_item else labels for i in range(len(prompts))]
         return request, prompts, label_lists

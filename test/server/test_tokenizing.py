@@ -226,3 +226,17 @@ def test_a_failed_scheduler_reaches_requests_past_zmqs_queue_limit(char_tokenize
     results = asyncio.run(run())
     assert len(results) == 1500 and all(isinstance(r, SchedulerUnavailable) for r in results), \
         {type(r).__name__ for r in results}
+
+
+def test_item_ids_are_checked_at_once_and_the_first_bad_item_is_named(manager):
+    """Every item's ids are checked against the vocabulary (100 here) in one pass;
+    a bad id is refused naming the first item that holds one, before any work."""
+    base = {"query": [5, 6], "label_token_ids": [1]}
+    cases = (([[8], [9, -1], [10**6]], "items[1]"), ([[8]] * 40 + [[100]], "items[40]"),
+             ([[8], [], [2**70]], "items[2]"))
+    for items, field in cases:
+        error = _refusal(manager.score_request({**base, "items": items}))
+        assert error.field == field and "token ids must be integers in [0, 100)" in error.message
+    # An empty item is a prompt of the query alone; an empty query and item is refused as empty.
+    error = _refusal(manager.score_request({**base, "query": [], "items": [[8], []]}))
+    assert error.field == "items[1]" and "is empty" in error.message
