@@ -58,6 +58,18 @@ def test_a_pair_alone_equals_the_pair_among_others():
         assert torch.equal(alone[0], many[p])
 
 
+def test_strided_rows_are_read_in_place():
+    """A head and rows that are views of wider tensors (every other column block)
+    give the bits of their contiguous copies."""
+    wide_x, wide_w = _rows_and_head(6, 2 * 96, 40, torch.bfloat16, 7)
+    x, weight = wide_x[:, 96:], wide_w[:, :96]
+    assert not x.is_contiguous() and not weight.is_contiguous()
+    rows, labels = _pairs(6, 40, 17, 8)
+    got = label_logits(x, weight, rows, labels, backend="triton")
+    assert torch.equal(got, label_logits(x.contiguous(), weight.contiguous(), rows, labels, backend="triton"))
+    torch.testing.assert_close(got, label_logits_ref(x, weight, rows, labels), rtol=1e-5, atol=1e-4)
+
+
 def test_no_pairs_give_an_empty_answer():
     x, weight = _rows_and_head(2, 32, 10, torch.bfloat16, 5)
     empty = torch.zeros(0, dtype=torch.long)
