@@ -65,20 +65,11 @@ def readout_normed(hidden: torch.Tensor, rows: torch.Tensor, norm: nn.Module, lm
 def readout_logprobs(
     hidden: torch.Tensor, rows: torch.Tensor, norm: nn.Module, lm_head: nn.Linear
 ) -> torch.Tensor:
-    """Full-vocabulary log-probabilities at the readout rows.
-
-    Args:
-        hidden: ``[T, hidden]`` last-layer hidden states of the stream (the
-            residual stream's dtype: float32 beside a bf16 model's weights).
-        rows: ``[R]`` int64 stream rows to read (each question's last prompt token).
-        norm: the model's final norm.
-        lm_head: the model's output projection (``[vocab, hidden]`` weight, no bias).
+    """Full-vocabulary log-probabilities at the readout rows: :func:`head_logprobs`
+    of :func:`readout_normed` (whose arguments and errors these are).
 
     Returns:
         ``[R, vocab]`` float32 log-softmax of the float32 logits (:func:`lm_head_logits`).
-
-    Raises:
-        ValueError: ``lm_head`` has a bias.
     """
     return head_logprobs(readout_normed(hidden, rows, norm, lm_head), lm_head.weight)
 
