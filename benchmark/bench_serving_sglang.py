@@ -12,9 +12,10 @@ under ``--help``)::
     python benchmark/bench_serving_sglang.py --backend decision-text --dataset-name decisions ...
 
 Each run appends bench_serving's JSON line to ``--output-file`` (default
-``BACKEND_DATASET_NUMPROMPTS.jsonl``) with three fields added: ``decision_questions``
+``BACKEND_DATASET_NUMPROMPTS.jsonl``) with four fields added: ``decision_questions``
 (questions of the requests answered), ``decision_questions_per_s`` (those over
-bench_serving's ``duration``) and ``decision_failed`` (requests not answered).
+bench_serving's ``duration``), ``decision_failed`` (requests not answered) and
+``decision_keep_alive`` (whether the requests shared kept-alive connections).
 Agent trajectories (closed-loop steps over a growing state) and the cold resend stay
 in benchmark/bench_serving.py: bench_serving's runner sends independent requests.
 
@@ -38,14 +39,15 @@ class NoneAnswered(RuntimeError):
     """Every request the run sent (warm-up included) failed."""
 
 
-def add_decision_fields(path: Path, rows: list, result: dict) -> dict:
+def add_decision_fields(path: Path, rows: list, result: dict, keep_alive: bool = False) -> dict:
     """Rewrite the last line of ``path`` (the one bench_serving just appended) with
     the decision fields of ``result`` (bench_serving's return: ``duration`` in s and
-    one ``errors`` entry per row, empty when answered)."""
+    one ``errors`` entry per row, empty when answered); ``keep_alive``: the run's
+    ``--decision-keep-alive``."""
     answered = [sglang_tables.questions_of(row.prompt) for row, err in zip(rows, result["errors"]) if not err]
     fields = {"decision_questions": sum(answered),
               "decision_questions_per_s": sum(answered) / result["duration"] if result.get("duration") else None,
-              "decision_failed": len(rows) - len(answered)}
+              "decision_failed": len(rows) - len(answered), "decision_keep_alive": keep_alive}
     lines = path.read_text().splitlines()
     if lines:
         lines[-1] = json.dumps({**json.loads(lines[-1]), **fields})
@@ -61,12 +63,19 @@ def main(argv=None) -> int:
 
     sglang_tables.register()
     loaded: list = []
-    originals = serving.ArgumentParser, serving.get_dataset, serving.run_benchmark
-    _, get_dataset, run_benchmark = originals
+    originals = serving.ArgumentParser, serving.get_dataset, serving.run_benchmark, serving.benchmark
+    _, get_dataset, run_benchmark, benchmark = originals
 
     def keep_rows(args, tokenizer, model_id=None):
         loaded[:] = get_dataset(args, tokenizer, model_id)
         return loaded
+
+    async def benchmark_closing(*args, **kwargs):
+        # The kept-alive session belongs to this run's event loop: closed before it ends.
+        try:
+            return await benchmark(*args, **kwargs)
+        finally:
+            await sglang_tables.close_shared_session()
 
     outcome = {}
     sglang_tables.TALLY = sglang_tables.Tally()  # this run's requests only
@@ -76,6 +85,7 @@ def main(argv=None) -> int:
             args.output_file = f"{args.backend}_{args.dataset_name}_{args.num_prompts}.jsonl"
         Path(args.output_file).parent.mkdir(parents=True, exist_ok=True)
         tally = sglang_tables.TALLY
+        sglang_tables.KEEP_ALIVE = bool(getattr(args, "decision_keep_alive", False))
         try:
             result = run_benchmark(args)
         except Exception:
@@ -83,11 +93,11 @@ def main(argv=None) -> int:
                 raise NoneAnswered(f"{tally.failed} of {tally.sent} requests failed, the first: {tally.first_error}")
             raise
         if args.dataset_name in sglang_tables.datasets() and result is not None:
-            outcome.update(add_decision_fields(Path(args.output_file), loaded, result))
+            outcome.update(add_decision_fields(Path(args.output_file), loaded, result, sglang_tables.KEEP_ALIVE))
         return result
 
     serving.ArgumentParser = sglang_tables.cli_parser_class()
-    serving.get_dataset, serving.run_benchmark = keep_rows, run
+    serving.get_dataset, serving.run_benchmark, serving.benchmark = keep_rows, run, benchmark_closing
     argv = sys.argv[1:] if argv is None else argv
     saved, sys.argv = sys.argv, [Path(__file__).name, *argv]
     try:
@@ -97,7 +107,8 @@ def main(argv=None) -> int:
         return 1
     finally:
         sys.argv = saved
-        serving.ArgumentParser, serving.get_dataset, serving.run_benchmark = originals
+        serving.ArgumentParser, serving.get_dataset, serving.run_benchmark, serving.benchmark = originals
+        sglang_tables.KEEP_ALIVE = False
     return 1 if outcome.get("decision_failed") else 0
 
 

@@ -13,11 +13,16 @@ Usage::
     python benchmark/profile_round.py --model tiny-qwen3.5 --device cpu --dtype float32 --scale 0.1  # smoke
     python benchmark/profile_round.py --model qwen3.5-4b --agent 8000:400   # a step resumed from the state cache
     python benchmark/profile_round.py --workload race_single multirc quality --load-rounds 20 --out p.json
+    python benchmark/profile_round.py --workload race_single multirc --requests 16   # a loaded round
 
 Several ``--workload`` names are profiled one after the other on one engine (one
 start, one capture). ``--load-rounds N`` then runs N rounds of 64 requests of the
 last workload and times each workload's request again: a request's time before
 and after load, in process (no server, no HTTP).
+
+``--requests N`` profiles a round of N requests of each workload instead of one
+(fresh states, one flat stream, as a served round under load is): its kernels and
+questions/s show where a loaded server's time goes.
 
 ``--agent START:GROWTH`` profiles an agent's third step instead (10 criteria of 30
 tokens): its first two steps leave the history in the state cache, so the
@@ -120,39 +125,45 @@ def as_served(groups: list) -> list:
     return out
 
 
-def profile_case(engine, name: str, groups: list, setup, cuda: bool, model: str, top: int, fresh: bool) -> dict:
-    """One workload's request: a warm-up round, one profiled round (kernels by
-    device time), then :func:`wall_breakdown` with ``setup`` (CUDA only); printed
-    and returned. ``fresh``: the cache is flushed before the warm-up and the
-    profiled round (each computes its whole state)."""
+def profile_case(engine, name: str, groups: list, setup, cuda: bool, model: str, top: int, fresh: bool,
+                 size: int = 1) -> dict:
+    """One round of ``size`` requests of a workload (``groups`` holds at least
+    ``2 * size``): a warm-up round, one profiled round (kernels by device time),
+    then :func:`wall_breakdown` with ``setup`` (CUDA only); printed and returned.
+    ``fresh``: the cache is flushed before the warm-up and the profiled round (each
+    computes its whole state)."""
     if fresh:
         engine.flush_cache()
-    engine.run_round(groups[:1])  # warm-up: kernels compiled, the graph's first replay done
+    engine.run_round(groups[:size])  # warm-up: kernels compiled, the graph's first replay done
     if fresh:
         engine.flush_cache()
+    profiled_groups = groups[size:2 * size]
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     with torch.profiler.profile(activities=activities) as prof:
-        profiled = engine.run_round(groups[1:2])
+        profiled = engine.run_round(profiled_groups)
         if cuda:
             torch.cuda.synchronize()
     rows = kernel_table(prof, cuda)
     total = sum(r["total_us"] for r in rows)
     graph = profiled.graph
-    print(f"{model} {name}: {profiled.stats.stream_tokens} stream tokens "
+    print(f"{model} {name} x {size}: {profiled.stats.stream_tokens} stream tokens "
           f"({profiled.stats.resumed_tokens} resumed from the state cache), "
           f"graph {[graph.tokens, graph.segments] if graph else None}, {len(rows)} kernel names, "
           f"{sum(r['calls'] for r in rows)} calls, {total / 1e3:.2f} ms in all")
     for r in rows[:top]:
         print(f"{r['total_us'] / 1e3:9.3f} ms {r['calls']:6d}x  {r['kernel'][:100]}")
-    breakdown = wall_breakdown(engine, groups[1:2], setup=setup) if cuda else None
+    breakdown = wall_breakdown(engine, profiled_groups, setup=setup) if cuda else None
     if breakdown:
-        print("one request's round, " + BREAKDOWN.format(**breakdown))
+        questions = sum(len(prompts) for prompts, *_ in profiled_groups)
+        breakdown.update(requests=size, questions=questions, questions_per_s=questions / breakdown["request_ms"] * 1e3)
+        print(f"{questions} question(s) of {size} request(s) ({breakdown['questions_per_s']:.1f}/s) in one round, "
+              + BREAKDOWN.format(**breakdown))
     ops = op_table(prof) if cuda and graph is None else []
     if ops:
         print("by operator (eager):")
         for r in ops[:top]:
             print(f"{r['device_us'] / 1e3:9.3f} ms {r['calls']:6d}x  {r['op'][:100]}")
-    return {"model": model, "workload": name, "stream_tokens": profiled.stats.stream_tokens, "kernels": rows,
+    return {"model": model, "workload": name, "requests": size, "stream_tokens": profiled.stats.stream_tokens, "kernels": rows,
             "operators": ops, "wall_breakdown": breakdown}
 
 
@@ -168,6 +179,8 @@ def main(argv=None) -> int:
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--agent", default=None, metavar="START:GROWTH",
                         help="profile an agent step resumed from the state cache (history START + GROWTH a step)")
+    parser.add_argument("--requests", type=int, default=1,
+                        help="requests in the profiled round (fresh states, one flat stream)")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--load-rounds", type=int, default=0,
                         help="after the profiles, run this many rounds of 64 requests, then time each workload again")
@@ -182,6 +195,9 @@ def main(argv=None) -> int:
         config = model_config(args.model)
     except KeyError:
         print(f"profile_round.py: unknown model {args.model!r}", file=sys.stderr)
+        return 2
+    if args.requests < 1 or (args.agent and args.requests != 1):
+        print("profile_round.py: --requests must be >= 1 (and 1 with --agent)", file=sys.stderr)
         return 2
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -229,10 +245,10 @@ def main(argv=None) -> int:
     else:
         # Each timed request's state is fresh, as a server's new requests are: the
         # cache is flushed first (else a repeat resumes from the run before).
-        cases = [(name, as_served(requests_for(name, 3, config.vocab_size, args.scale)), engine.flush_cache)
-                 for name in args.workload]
-    results = [profile_case(engine, name, groups, setup, cuda, args.model, args.top, not args.agent)
-               for name, groups, setup in cases]
+        cases = [(name, as_served(requests_for(name, 2 * args.requests + 1, config.vocab_size, args.scale)),
+                  engine.flush_cache) for name in args.workload]
+    results = [profile_case(engine, name, groups, setup, cuda, args.model, args.top, not args.agent,
+                            1 if args.agent else args.requests) for name, groups, setup in cases]
     if args.load_rounds and not args.agent:
         name = args.workload[-1]
         load = requests_for(name, 64, config.vocab_size, args.scale, seed=1)
@@ -242,7 +258,8 @@ def main(argv=None) -> int:
             engine.run_rounds(load)
         print(f"load: {args.load_rounds} x 64 {name} requests in {time.perf_counter() - t0:.1f} s")
         for entry, (case, groups, setup) in zip(results, cases):
-            entry["after_load"] = wall_breakdown(engine, groups[1:2], setup=setup) if cuda else None
+            size = entry["requests"]
+            entry["after_load"] = wall_breakdown(engine, groups[size:2 * size], setup=setup) if cuda else None
             if entry["after_load"]:
                 print(f"{case} after load: " + BREAKDOWN.format(**entry["after_load"]))
     if args.dump_fla_configs and cuda:

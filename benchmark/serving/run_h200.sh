@@ -39,7 +39,8 @@
 #               each graph capacity set of $SWEEP ("START:GROWTH=SET;SET;... ...") -> $OUT/sweep.tar.gz
 #   inprofile   benchmark/profile_round.py in process (no server may hold the GPU): $INPROC_WORKLOADS (default
 #               race_single multirc quality) one fresh-state request at a time, kernels by device time and the round's
-#               stages (p50), again after $LOAD_ROUNDS (20) rounds of 64 requests -> $OUT/inprofile.tar.gz
+#               stages (p50), again after $LOAD_ROUNDS (20) rounds of 64 requests -> $OUT/inprofile.tar.gz;
+#               $INPROFILE_ARGS: more profile_round.py flags (e.g. "--requests 16": a loaded round)
 #   abprofile   benchmark/profile_round.py in process, $BASELINE's (default .baseline: an older checkout's flide_ext and
 #               benchmark, `git archive OLD flide_ext benchmark | tar -x -C .baseline`) and this checkout's in turn,
 #               $AB_ROUNDS (2) times each, over the graphs $AB_CAPACITIES (those the default ladder picks for the
@@ -323,7 +324,7 @@ step_inprofile() {  # the fresh-state workloads in process, one request at a tim
     mkdir -p "$RESULTS/inprofile"
     (cd /tmp && timeout "${INPROFILE_TIMEOUT:-400}" python3 "$REPO/benchmark/profile_round.py" --model "$SHAPE" \
         --workload ${INPROC_WORKLOADS:-race_single multirc quality} --load-rounds "${LOAD_ROUNDS:-20}" --top 30 \
-        --out "$RESULTS/inprofile/profile.json") > "$RESULTS/inprofile/profile.log" 2>&1 || rc=1
+        ${INPROFILE_ARGS:-} --out "$RESULTS/inprofile/profile.json") > "$RESULTS/inprofile/profile.log" 2>&1 || rc=1
     grep "round, p50\|after load\|^load:\|stream tokens (" "$RESULTS/inprofile/profile.log"
     tar -czf "$OUT/inprofile.tar.gz" -C "$RESULTS" inprofile
     return $rc

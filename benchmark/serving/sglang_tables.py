@@ -15,6 +15,11 @@ Backends (the route the row's body goes to; any server of that API):
   SGLang's;
 * ``decision-text``: ``POST /v1/decisions`` (``DecisionRequest``: text state, questions).
 
+Connections: bench_serving's request functions open a new aiohttp session, so a new
+TCP connection, for every request; ``--decision-keep-alive`` sends every request of a
+run over one session's kept-alive connections instead (as HTTP clients such as the
+OpenAI SDK do), so a request's time holds no connection set-up.
+
 Datasets (seeded; a row's ``prompt`` is the request body, ``prompt_len`` its tokens,
 ``output_len`` 0: a decision generates nothing):
 
@@ -28,6 +33,8 @@ Datasets (seeded; a row's ``prompt`` is the request body, ``prompt_len`` its tok
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -62,6 +69,41 @@ class Tally:
 
 TALLY = Tally()
 
+# One session for every request of a run (``--decision-keep-alive``), and the loop
+# it belongs to; None: each request opens its own, as bench_serving's functions do.
+KEEP_ALIVE = False
+_shared: Optional[tuple] = None
+# bench_serving's own session settings (sglang.benchmark.serving._create_bench_client_session).
+_TIMEOUT_S, _READ_BUFSIZE = 6 * 60 * 60, 10 * 1024 ** 2
+
+
+@contextlib.asynccontextmanager
+async def _client_session():
+    global _shared
+    from sglang.benchmark import serving
+
+    if not KEEP_ALIVE:
+        async with serving._create_bench_client_session() as session:
+            yield session
+        return
+    import aiohttp
+
+    loop = asyncio.get_running_loop()
+    if _shared is None or _shared[1] is not loop or _shared[0].closed:
+        # No cap on connections: bench_serving's concurrency is the only limit.
+        _shared = (aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                         timeout=aiohttp.ClientTimeout(total=_TIMEOUT_S),
+                                         read_bufsize=_READ_BUFSIZE), loop)
+    yield _shared[0]
+
+
+async def close_shared_session() -> None:
+    """Close the kept-alive session of this loop's run, if one was opened."""
+    global _shared
+    if _shared is not None and _shared[1] is asyncio.get_running_loop():
+        await _shared[0].close()
+    _shared = None
+
 
 def _row_tokens(body: dict) -> int:
     return len(body["query"]) + sum(len(i) for i in body["items"])
@@ -76,13 +118,14 @@ async def post_decision(request_func_input, pbar=None):
     """One decision request timed from send to the whole answer read: ``latency`` and
     ``ttft`` are that time (s), ``output_len`` 0; ``cached_tokens`` from the usage when
     the server reports it. A non-200 answer or one without ``scores`` / ``answers``
-    is a failure carrying the server's text."""
+    is a failure carrying the server's text. The request goes over a new session's
+    connection, or the run's kept-alive session (:data:`KEEP_ALIVE`)."""
     from sglang.benchmark import serving
 
     body = dict(request_func_input.prompt)
     body.update(request_func_input.extra_request_body)
     output = serving.RequestFuncOutput.init_new(request_func_input)
-    async with serving._create_bench_client_session() as session:
+    async with _client_session() as session:
         start = time.perf_counter()
         output.start_time = start
         try:
@@ -192,6 +235,9 @@ def cli_parser_class():
 
         def parse_args(self, args=None, namespace=None):
             group = self.add_argument_group("decision workloads (Flide)")
+            group.add_argument("--decision-keep-alive", action="store_true",
+                               help="send every request over one session's kept-alive connections "
+                                    "(default: a new connection per request, as bench_serving's backends)")
             group.add_argument("--decision-scale", type=float, default=1.0,
                                help="score datasets: state and question lengths times this (default 1)")
             group.add_argument("--decision-state-tokens", type=int, default=375,

@@ -70,6 +70,25 @@ def test_profile_round_smoke(tmp_path):
     assert times == sorted(times, reverse=True)
     bad = main_in_process(_script_main("profile_round"), "--model", "gpt-5", "--device", "cpu")
     assert bad.returncode == 2 and "unknown model" in bad.stderr
+    # A loaded round: three requests' trees in one flat stream.
+    multi = main_in_process(_script_main("profile_round"), "--model", "tiny-qwen3.5", "--device", "cpu", "--dtype",
+                            "float32", "--scale", "0.1", "--requests", "3", "--out", str(out))
+    assert multi.returncode == 0, multi.stderr[-2000:]
+    report = json.loads(out.read_text())
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    try:
+        from bench_decision import model_config, requests_for
+    finally:
+        sys.path.remove(str(ROOT / "benchmark"))
+    from flide_ext.plan.tree import build_prefix_tree
+    from flide_ext.runtime.rounds import tree_size
+
+    profiled = requests_for("race", 7, model_config("tiny-qwen3.5").vocab_size, 0.1)[3:6]
+    trees = [tree_size(build_prefix_tree([0] * len(prompts), prompts)).tokens for prompts, _ in profiled]
+    assert report["requests"] == 3 and report["stream_tokens"] == sum(trees)
+    bad = main_in_process(_script_main("profile_round"), "--model", "tiny-qwen3.5", "--device", "cpu",
+                          "--requests", "0")
+    assert bad.returncode == 2 and "--requests" in bad.stderr
     # An agent step resumed from the state cache: only the new history and criteria are computed.
     agent = subprocess.run([sys.executable, str(script), "--model", "tiny-qwen3.5", "--device", "cpu", "--dtype",
                             "float32", "--agent", "200:70", "--out", str(out)], capture_output=True, text=True,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 
 import pytest
@@ -19,9 +20,14 @@ CONTEXT = 400
 
 
 @pytest.fixture(scope="module")
-def server(char_model_dir, tmp_path_factory):
+def server_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("sglang_bench_server")
+
+
+@pytest.fixture(scope="module")
+def server(char_model_dir, server_dir):
     yield from serving([sys.executable, "-m", "flide_ext.entrypoints.cli", "serve", "--model-path", str(char_model_dir),
-                        "--context-length", str(CONTEXT)], tmp_path_factory.mktemp("sglang_bench_server"))
+                        "--context-length", str(CONTEXT)], server_dir)
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +61,28 @@ def test_score_dataset(runner, server, char_model_dir, tmp_path):
     assert line["decision_questions_per_s"] == pytest.approx(line["decision_questions"] / line["duration"])
     assert line["total_output_tokens"] == 0 and 0 < line["median_e2e_latency_ms"] <= line["p99_e2e_latency_ms"]
     assert line["server_info"]["decision_mode"] is True
+
+
+def _score_ports(log) -> list:
+    # The client ports of the access log's /v1/score lines, in order.
+    return re.findall(r"127\.0\.0\.1:(\d+) - \"POST /v1/score", log.read_text())
+
+
+@pytest.mark.parametrize("keep_alive", [True, False])
+def test_keep_alive_reuses_connections(runner, server, server_dir, char_model_dir, tmp_path, keep_alive):
+    """--decision-keep-alive: the run's requests (its warm-up included) share at most
+    one connection per concurrent client; without it each request has its own."""
+    before = len(_score_ports(server_dir / "server.log"))
+    flag = ["--decision-keep-alive"] if keep_alive else []
+    rc, line = run(runner, server, char_model_dir, tmp_path / "ka.jsonl", "--backend", "decision-score",
+                   "--dataset-name", "race", "--num-prompts", "12", "--max-concurrency", "3",
+                   "--decision-scale", "0.1", *flag)
+    assert rc == 0 and line["completed"] == 12 and line["decision_failed"] == 0
+    assert line["decision_keep_alive"] is keep_alive
+    ports = _score_ports(server_dir / "server.log")[before:]
+    assert len(ports) == 13  # bench_serving's warm-up request, then the 12
+    assert len(set(ports)) <= 3 if keep_alive else len(set(ports)) == 13
+    assert runner.sglang_tables._shared is None and runner.sglang_tables.KEEP_ALIVE is False
 
 
 def test_text_dataset(runner, server, char_model_dir, tmp_path):
