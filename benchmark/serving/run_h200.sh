@@ -137,7 +137,7 @@ while [ $# -gt 0 ]; do
         --sglang-flags) SGLANG_FLAGS=$2; shift 2 ;;
         --port) PORT=$2; shift 2 ;;
         --keep-server) KEEP=1; shift ;;
-        checkpoint|flide|sglang|compare|inprocess|inprofile|abprofile|sweepconv|profile|sweep|fidelity|smollm2|sources|invariance)
+        checkpoint|flide|sglang|compare|inprocess|inprofile|abprofile|sweepconv|profile|sweep|fidelity|smollm2|sources|invariance|floor)
             STEPS+=("$1"); shift ;;
         *) echo "run_h200.sh: unknown argument $1" >&2; exit 2 ;;
     esac

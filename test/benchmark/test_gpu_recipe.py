@@ -84,3 +84,13 @@ def test_recipe_covers_what_the_server_imports(char_model_dir, tmp_path):
     assert {"torch", "sglang", "fastapi", "datasets"} <= imported
     fetched, on_image = recipe()
     assert imported - fetched - on_image - {"flide"} == set()
+
+
+def test_run_h200_accepts_every_step_it_defines():
+    """benchmark/serving/run_h200.sh: each ``step_NAME`` function is a step its
+    argument parser accepts, and each accepted step has its function (a step
+    missing from the parser is refused as an unknown argument on the GPU)."""
+    text = (ROOT / "benchmark" / "serving" / "run_h200.sh").read_text()
+    defined = set(re.findall(r"^step_(\w+)\(\)", text, re.M))
+    accepted = set(re.search(r"^\s+((?:\w+\|)+\w+)\)\n\s+STEPS\+=", text, re.M).group(1).split("|"))
+    assert defined and defined == accepted, (defined - accepted, accepted - defined)
