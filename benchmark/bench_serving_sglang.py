@@ -21,7 +21,9 @@ in benchmark/bench_serving.py: bench_serving's runner sends independent requests
 
 Exit status: bench_serving's (2 with argparse's line for bad arguments); 1 when some
 request failed, with one line naming the first failure when none succeeded (where
-bench_serving itself stops at its warm-up check or cannot draw its summary).
+bench_serving itself stops at its warm-up check or cannot draw its summary) or when
+bench_serving stops after failures without writing its line (a server that went away
+mid-run fails its closing ``/server_info`` read too).
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ from serving import sglang_tables  # noqa: E402
 
 class NoneAnswered(RuntimeError):
     """Every request the run sent (warm-up included) failed."""
+
+
+class StoppedAfterFailures(RuntimeError):
+    """bench_serving itself failed after some requests had failed (the server went
+    away: its closing ``/server_info`` read fails too), before writing its line."""
 
 
 def add_decision_fields(path: Path, rows: list, result: dict, keep_alive: bool = False) -> dict:
@@ -88,9 +95,12 @@ def main(argv=None) -> int:
         sglang_tables.KEEP_ALIVE = bool(getattr(args, "decision_keep_alive", False))
         try:
             result = run_benchmark(args)
-        except Exception:
+        except Exception as exc:
             if tally.sent and tally.failed == tally.sent:
                 raise NoneAnswered(f"{tally.failed} of {tally.sent} requests failed, the first: {tally.first_error}")
+            if tally.failed:
+                raise StoppedAfterFailures(f"bench_serving stopped ({type(exc).__name__}: {exc}) after {tally.failed} "
+                                           f"of {tally.sent} requests failed, the first: {tally.first_error}")
             raise
         if args.dataset_name in sglang_tables.datasets() and result is not None:
             outcome.update(add_decision_fields(Path(args.output_file), loaded, result, sglang_tables.KEEP_ALIVE))
@@ -102,7 +112,7 @@ def main(argv=None) -> int:
     saved, sys.argv = sys.argv, [Path(__file__).name, *argv]
     try:
         serving.cli_main()
-    except NoneAnswered as exc:
+    except (NoneAnswered, StoppedAfterFailures) as exc:
         print(f"bench_serving_sglang: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
     finally:

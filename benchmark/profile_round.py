@@ -125,6 +125,20 @@ def as_served(groups: list) -> list:
     return out
 
 
+def round_unfit(capacity, groups: list) -> str:
+    """Why ``groups`` cannot be one round of an engine of this
+    :class:`~flide_ext.runtime.capacity.RoundCapacity` (as a server would never run
+    it), or '' when they can."""
+    from flide_ext.runtime.rounds import request_size
+
+    sizes = [request_size(prompts) for prompts, *_ in groups]
+    tokens, segments = sum(s.tokens for s in sizes), sum(s.segments for s in sizes)
+    if len(groups) > capacity.requests or tokens > capacity.tokens or segments > capacity.segments:
+        return (f"of {len(groups)} requests, {tokens} tokens and {segments} segments does not fit one round "
+                f"({capacity.requests} requests, {capacity.tokens} tokens, {capacity.segments} segments)")
+    return ""
+
+
 def profile_case(engine, name: str, groups: list, setup, cuda: bool, model: str, top: int, fresh: bool,
                  size: int = 1) -> dict:
     """One round of ``size`` requests of a workload (``groups`` holds at least
@@ -219,7 +233,8 @@ def main(argv=None) -> int:
     if args.readout == "labels":
         # Every round's requests normalised over their labels, as the server runs them.
         run_round, run_rounds = engine.run_round, engine.run_rounds
-        engine.run_round = lambda groups, **kw: run_round(groups, over_labels=[True] * len(groups), **kw)
+        # A caller's own flags stand (run_rounds passes each round's to run_round).
+        engine.run_round = lambda groups, **kw: run_round(groups, **{"over_labels": [True] * len(groups), **kw})
         engine.run_rounds = lambda groups: run_rounds(groups, over_labels=[True] * len(groups))
     if engine.graphs is not None:
         print(f"{len(engine.graphs.capacities)} CUDA graphs captured in {engine.graphs.capture_seconds:.1f} s")
@@ -247,6 +262,11 @@ def main(argv=None) -> int:
         # cache is flushed first (else a repeat resumes from the run before).
         cases = [(name, as_served(requests_for(name, 2 * args.requests + 1, config.vocab_size, args.scale)),
                   engine.flush_cache) for name in args.workload]
+        for name, groups, _ in cases:
+            unfit = round_unfit(engine.round_capacity, groups[args.requests:2 * args.requests])
+            if unfit:
+                print(f"profile_round.py: --requests {args.requests}: {name}'s round {unfit}", file=sys.stderr)
+                return 2
     results = [profile_case(engine, name, groups, setup, cuda, args.model, args.top, not args.agent,
                             1 if args.agent else args.requests) for name, groups, setup in cases]
     if args.load_rounds and not args.agent:
@@ -261,6 +281,9 @@ def main(argv=None) -> int:
             size = entry["requests"]
             entry["after_load"] = wall_breakdown(engine, groups[size:2 * size], setup=setup) if cuda else None
             if entry["after_load"]:
+                questions = sum(len(prompts) for prompts, *_ in groups[size:2 * size])
+                entry["after_load"].update(requests=size, questions=questions,
+                                           questions_per_s=questions / entry["after_load"]["request_ms"] * 1e3)
                 print(f"{case} after load: " + BREAKDOWN.format(**entry["after_load"]))
     if args.dump_fla_configs and cuda:
         from flide_ext.kernels.fla_configs import dump

@@ -18,7 +18,9 @@ Backends (the route the row's body goes to; any server of that API):
 Connections: bench_serving's request functions open a new aiohttp session, so a new
 TCP connection, for every request; ``--decision-keep-alive`` sends every request of a
 run over one session's kept-alive connections instead (as HTTP clients such as the
-OpenAI SDK do), so a request's time holds no connection set-up.
+OpenAI SDK do), so a request's time holds no connection set-up once its client has
+one open (each concurrent client opens its own on its first request; one idle for
+:data:`KEEP_ALIVE_IDLE_S` is closed, as servers close theirs).
 
 Datasets (seeded; a row's ``prompt`` is the request body, ``prompt_len`` its tokens,
 ``output_len`` 0: a decision generates nothing):
@@ -75,6 +77,10 @@ KEEP_ALIVE = False
 _shared: Optional[tuple] = None
 # bench_serving's own session settings (sglang.benchmark.serving._create_bench_client_session).
 _TIMEOUT_S, _READ_BUFSIZE = 6 * 60 * 60, 10 * 1024 ** 2
+# Seconds an idle kept-alive connection is reused: below uvicorn's default keep-alive (5 s),
+# which Flide's and SGLang's servers run with, so the client never sends on a connection the
+# server is closing (aiohttp does not resend a POST whose connection drops).
+KEEP_ALIVE_IDLE_S = 4.0
 
 
 @contextlib.asynccontextmanager
@@ -91,7 +97,7 @@ async def _client_session():
     loop = asyncio.get_running_loop()
     if _shared is None or _shared[1] is not loop or _shared[0].closed:
         # No cap on connections: bench_serving's concurrency is the only limit.
-        _shared = (aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+        _shared = (aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEP_ALIVE_IDLE_S),
                                          timeout=aiohttp.ClientTimeout(total=_TIMEOUT_S),
                                          read_bufsize=_READ_BUFSIZE), loop)
     yield _shared[0]
@@ -247,6 +253,8 @@ def cli_parser_class():
             group.add_argument("--decision-options", type=int, default=4,
                                help="decisions dataset: options per question, 2-26 (default 4)")
             parsed = super().parse_args(args, namespace)
+            if parsed.decision_keep_alive and parsed.backend not in BACKENDS:
+                self.error(f"--decision-keep-alive applies to the decision backends: {', '.join(BACKENDS)}")
             wanted = "decision-text" if parsed.dataset_name == TEXT_DATASET else "decision-score"
             if parsed.backend in BACKENDS and parsed.dataset_name not in datasets():
                 self.error(f"--backend {parsed.backend} takes a decision dataset: {', '.join(datasets())}")

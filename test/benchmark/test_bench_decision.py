@@ -70,9 +70,10 @@ def test_profile_round_smoke(tmp_path):
     assert times == sorted(times, reverse=True)
     bad = main_in_process(_script_main("profile_round"), "--model", "gpt-5", "--device", "cpu")
     assert bad.returncode == 2 and "unknown model" in bad.stderr
-    # A loaded round: three requests' trees in one flat stream.
+    # A loaded round: three requests' trees in one flat stream; then a round of load
+    # (run_rounds, its requests normalised over their labels as the server's are).
     multi = main_in_process(_script_main("profile_round"), "--model", "tiny-qwen3.5", "--device", "cpu", "--dtype",
-                            "float32", "--scale", "0.1", "--requests", "3", "--out", str(out))
+                            "float32", "--scale", "0.1", "--requests", "3", "--load-rounds", "1", "--out", str(out))
     assert multi.returncode == 0, multi.stderr[-2000:]
     report = json.loads(out.read_text())
     sys.path.insert(0, str(ROOT / "benchmark"))
@@ -86,6 +87,11 @@ def test_profile_round_smoke(tmp_path):
     profiled = requests_for("race", 7, model_config("tiny-qwen3.5").vocab_size, 0.1)[3:6]
     trees = [tree_size(build_prefix_tree([0] * len(prompts), prompts)).tokens for prompts, _ in profiled]
     assert report["requests"] == 3 and report["stream_tokens"] == sum(trees)
+    assert "load: 1 x 64 race requests" in multi.stdout
+    too_many = main_in_process(_script_main("profile_round"), "--model", "tiny-qwen3.5", "--device", "cpu",
+                               "--scale", "0.1", "--requests", "300")  # more requests than a round holds
+    assert too_many.returncode == 2 and len(too_many.stderr.strip().splitlines()) == 1
+    assert "does not fit one round" in too_many.stderr
     bad = main_in_process(_script_main("profile_round"), "--model", "tiny-qwen3.5", "--device", "cpu",
                           "--requests", "0")
     assert bad.returncode == 2 and "--requests" in bad.stderr

@@ -113,6 +113,50 @@ def test_backend_must_fit_the_dataset(runner, capsys):
         runner.main(["--backend", "decision-text", "--dataset-name", "multirc"])
     assert exit_.value.code == 2
     assert "--dataset-name multirc goes with --backend decision-score" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # the flag has no effect on bench_serving's own backends
+        runner.main(["--backend", "sglang", "--dataset-name", "random", "--decision-keep-alive"])
+    assert exit_.value.code == 2
+    assert "--decision-keep-alive applies to the decision backends" in capsys.readouterr().err
+
+
+def test_kept_alive_connections_close_before_the_servers_do(runner):
+    """An idle kept-alive connection is dropped by the client before uvicorn's
+    default keep-alive would close it under a request (aiohttp does not resend a POST)."""
+    import asyncio
+
+    import uvicorn
+
+    async def connector_idle_s():
+        runner.sglang_tables.KEEP_ALIVE = True
+        try:
+            async with runner.sglang_tables._client_session() as session:
+                idle = session.connector._keepalive_timeout
+            await runner.sglang_tables.close_shared_session()
+            return idle
+        finally:
+            runner.sglang_tables.KEEP_ALIVE = False
+
+    idle = asyncio.run(connector_idle_s())
+    assert idle == runner.sglang_tables.KEEP_ALIVE_IDLE_S < uvicorn.Config(app=None).timeout_keep_alive
+
+
+def test_bench_serving_stopping_after_failures_is_one_line(runner, server, char_model_dir, tmp_path, capsys,
+                                                           monkeypatch):
+    """bench_serving failing after some requests failed (a server gone mid-run fails its
+    closing /server_info read) is one line naming both, exit 1, not a traceback."""
+    from sglang.benchmark import serving
+
+    def gone_mid_run(args):
+        runner.sglang_tables.TALLY.add(serving.RequestFuncOutput(success=True))
+        runner.sglang_tables.TALLY.add(serving.RequestFuncOutput(success=False, error="Connection refused"))
+        raise ConnectionError("/server_info: connection refused")
+
+    monkeypatch.setattr(serving, "run_benchmark", gone_mid_run)
+    rc = runner.main(["--base-url", server, "--model", str(char_model_dir), "--output-file", str(tmp_path / "x"),
+                      "--disable-tqdm", "--backend", "decision-score", "--dataset-name", "race", "--num-prompts", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and err[-1] == ("bench_serving_sglang: bench_serving stopped (ConnectionError: /server_info: "
+                                   "connection refused) after 1 of 2 requests failed, the first: Connection refused")
 
 
 def test_compare_reads_json_lines(runner, server, char_model_dir, tmp_path):
