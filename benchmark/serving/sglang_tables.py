@@ -236,7 +236,9 @@ def cli_parser_class():
         def add_argument(self, *names, **kwargs):
             extra = [c for n in names for c in _extra_choices(n)]
             if extra and kwargs.get("choices") is not None:
-                kwargs["choices"] = [*kwargs["choices"], *extra]
+                # Those bench_serving does not list already (its backends' choices are its
+                # request functions' table, where register() put them).
+                kwargs["choices"] = [*kwargs["choices"], *(c for c in extra if c not in kwargs["choices"])]
             return super().add_argument(*names, **kwargs)
 
         def parse_args(self, args=None, namespace=None):

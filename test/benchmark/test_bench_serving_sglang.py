@@ -117,6 +117,10 @@ def test_backend_must_fit_the_dataset(runner, capsys):
         runner.main(["--backend", "sglang", "--dataset-name", "random", "--decision-keep-alive"])
     assert exit_.value.code == 2
     assert "--decision-keep-alive applies to the decision backends" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        runner.main(["--help"])
+    backends = re.search(r"--backend \{([^}]*)\}", capsys.readouterr().out).group(1).split(",")
+    assert backends.count("decision-score") == backends.count("decision-text") == 1  # listed once each
 
 
 def test_kept_alive_connections_close_before_the_servers_do(runner):
