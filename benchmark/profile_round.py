@@ -72,7 +72,8 @@ def kernel_table(prof, cuda: bool) -> list[dict]:
 
 
 def wall_breakdown(engine, group, runs: int = 30, setup=None) -> dict:
-    """p50 of one request's round through the engine (ms): the whole
+    """p50 of one round of ``group``'s requests through the engine (ms), with its
+    requests, questions and questions/s at that p50: the whole
     ``run_round`` and its stages from the round's own
     :class:`~flide_ext.runtime.round_result.RoundStats`: plan (cache match,
     plan, pool rows), tables (padding, kernel tables and their copy), gpu (the
@@ -95,8 +96,11 @@ def wall_breakdown(engine, group, runs: int = 30, setup=None) -> dict:
         rows.append((wall, st.plan_seconds, st.tables_seconds, st.gpu_seconds, st.forward_seconds,
                      st.finish_seconds))
     keys = ("request_ms", "plan_ms", "tables_ms", "gpu_ms", "forward_ms", "finish_ms")
-    return {"runs": runs, "stream_tokens": result.stats.stream_tokens, "graph": str(result.graph),
-            **{k: 1e3 * statistics.median(r[i] for r in rows) for i, k in enumerate(keys)}}
+    out = {"runs": runs, "stream_tokens": result.stats.stream_tokens, "graph": str(result.graph),
+           **{k: 1e3 * statistics.median(r[i] for r in rows) for i, k in enumerate(keys)}}
+    questions = sum(len(prompts) for prompts, *_ in group)
+    return {**out, "requests": len(group), "questions": questions,
+            "questions_per_s": questions / out["request_ms"] * 1e3}
 
 
 def op_table(prof) -> list[dict]:
@@ -168,10 +172,8 @@ def profile_case(engine, name: str, groups: list, setup, cuda: bool, model: str,
         print(f"{r['total_us'] / 1e3:9.3f} ms {r['calls']:6d}x  {r['kernel'][:100]}")
     breakdown = wall_breakdown(engine, profiled_groups, setup=setup) if cuda else None
     if breakdown:
-        questions = sum(len(prompts) for prompts, *_ in profiled_groups)
-        breakdown.update(requests=size, questions=questions, questions_per_s=questions / breakdown["request_ms"] * 1e3)
-        print(f"{questions} question(s) of {size} request(s) ({breakdown['questions_per_s']:.1f}/s) in one round, "
-              + BREAKDOWN.format(**breakdown))
+        print("{questions} question(s) of {requests} request(s) ({questions_per_s:.1f}/s) in one round, ".format(
+            **breakdown) + BREAKDOWN.format(**breakdown))
     ops = op_table(prof) if cuda and graph is None else []
     if ops:
         print("by operator (eager):")
@@ -281,9 +283,6 @@ def main(argv=None) -> int:
             size = entry["requests"]
             entry["after_load"] = wall_breakdown(engine, groups[size:2 * size], setup=setup) if cuda else None
             if entry["after_load"]:
-                questions = sum(len(prompts) for prompts, *_ in groups[size:2 * size])
-                entry["after_load"].update(requests=size, questions=questions,
-                                           questions_per_s=questions / entry["after_load"]["request_ms"] * 1e3)
                 print(f"{case} after load: " + BREAKDOWN.format(**entry["after_load"]))
     if args.dump_fla_configs and cuda:
         from flide_ext.kernels.fla_configs import dump

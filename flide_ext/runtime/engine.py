@@ -29,7 +29,7 @@ from .state_cache import StateCache
 from .graph_capacities import GraphCapacity
 from .model_runner import ModelRunner, parse_dtype
 from .round_result import BatchAnswers, RoundCancelled, RoundResult, RoundStats, round_result
-from .rounds import RoundQueue, queue_batch
+from .rounds import RoundQueue, check_per_request, queue_batch
 
 
 def _serialised(method):
@@ -192,8 +192,7 @@ class Engine:
                 any round does): later rounds' answers are as without it.
         """
         started = time.perf_counter()
-        if over_labels is not None and len(over_labels) != len(groups):
-            raise ValueError(f"over_labels has {len(over_labels)} flags for {len(groups)} requests")
+        check_per_request(over_labels, len(groups))
         requests, prompts, labels, normalised = [], [], [], []
         for r, (group_prompts, group_labels, *_) in enumerate(groups):
             requests += [r] * len(group_prompts)
@@ -302,8 +301,7 @@ class Engine:
             ValueError: as :meth:`run_round`.
         """
         groups = list(groups)
-        if over_labels is not None and len(over_labels) != len(groups):
-            raise ValueError(f"over_labels has {len(over_labels)} flags for {len(groups)} requests")
+        check_per_request(over_labels, len(groups))
         checked, queue = queue_batch(self.round_capacity, groups, lambda g: g[0], "prompts")
         refused = next((item for item in checked if isinstance(item, RequestError)), None)
         if refused is not None:

@@ -307,12 +307,12 @@ class ModelRunner:
         flat = [label for ids in labels for label in ids]
         if flat and (min(flat) < 0 or max(flat) >= vocab):  # C loops: a round may hold thousands
             raise ValueError(f"label token ids must be integers in [0, {vocab})")
-        answers: list = [None] * len(rows)
-        full = [i for i, own in enumerate(over_labels) if not own]
-        mine = [i for i, own in enumerate(over_labels) if own]
         if not self.model.selective_readout:  # ``out`` holds the log-probabilities already
             values = _gather(out, rows, labels)
             return [normalised_over_labels(v) if own else v for v, own in zip(values, over_labels)]
+        answers: list = [None] * len(rows)
+        full = [i for i, own in enumerate(over_labels) if not own]
+        mine = [i for i, own in enumerate(over_labels) if own]
         if full:
             picked = torch.tensor([rows[i] for i in full], dtype=torch.long).to(out.device, non_blocking=True)
             logprobs = self.model.head_logprobs(out.index_select(0, picked))
@@ -322,10 +322,8 @@ class ModelRunner:
             pairs = torch.tensor([[rows[i] for i in mine for _ in labels[i]], [l for i in mine for l in labels[i]]],
                                  dtype=torch.long).to(out.device, non_blocking=True)
             logits = self.model.label_logits(out, pairs[0], pairs[1]).tolist()
-            at = 0
-            for i in mine:
-                answers[i] = normalised_over_labels(logits[at:at + len(labels[i])])
-                at += len(labels[i])
+            for i, values in zip(mine, _by_prompt(logits, [labels[i] for i in mine])):
+                answers[i] = normalised_over_labels(values)
         return answers
 
 
@@ -334,7 +332,11 @@ def _gather(logprobs: torch.Tensor, rows: Sequence[int], labels: Sequence[Sequen
     flat_rows = [row for row, ids in zip(rows, labels) for _ in ids]
     flat_ids = [i for ids in labels for i in ids]
     index = torch.tensor([flat_rows, flat_ids], dtype=torch.long).to(logprobs.device, non_blocking=True)
-    values = logprobs[index[0], index[1]].tolist()
+    return _by_prompt(logprobs[index[0], index[1]].tolist(), labels)
+
+
+def _by_prompt(values: list, labels: Sequence[Sequence[int]]) -> list:
+    # The flat per-label ``values`` split into one list per prompt, as many as its labels.
     out, at = [], 0
     for ids in labels:
         out.append(values[at:at + len(ids)])

@@ -147,6 +147,16 @@ class RoundQueue(Generic[Item]):
         return [item for i, (item, _, _) in enumerate(waiting) if i in taken]
 
 
+def check_per_request(flags: Optional[Sequence], requests: int, name: str = "over_labels") -> None:
+    """One entry of ``flags`` per request of a batch (None: no flags given).
+
+    Raises:
+        ValueError: ``flags`` has another length, naming ``name``.
+    """
+    if flags is not None and len(flags) != requests:
+        raise ValueError(f"{name} has {len(flags)} flags for {requests} requests")
+
+
 def queue_batch(capacity: RoundCapacity, items: list, prompts_of, field: str) -> tuple[list, RoundQueue]:
     """A batch's requests in one round queue (the engine's batch methods).
 
