@@ -53,13 +53,15 @@ def test_a_probe_behind_three_abandoned_heavy_requests_is_not_delayed_by_them(se
     follows the running one, and waits for less than half a heavy round."""
     url, log, _ = server
     rng = np.random.default_rng(10)
+    # Each request below is one round, logged just after its answers are sent:
+    # rounds are counted from the log once it shows them.
+    start = len(rounds(log.read_text()))  # no request is in flight
     # Warm (a CPU process's first long rounds are slower), then the probe alone.
     assert send(_score(url), score_body(rng, **HEAVY)).wait().status == 200
-    before = len(rounds(log.read_text()))
     alone = [send(_score(url), score_body(rng, **PROBE)).wait() for _ in range(3)]
     assert all(c.status == 200 for c in alone)
     unloaded = statistics.median(c.answered - c.sent for c in alone)
-    mark = len(logged_rounds(log, before + 3))
+    mark = len(logged_rounds(log, start + 4))
     running = send(_score(url), score_body(rng, **HEAVY))
     time.sleep(0.3)
     leavers = [threading.Thread(target=send_and_leave, args=(url, score_body(rng, 3, 1800), 0.3)) for _ in range(3)]
@@ -80,7 +82,8 @@ def test_a_probe_behind_three_abandoned_heavy_requests_is_not_delayed_by_them(se
     # probe of tenths of a second by as much again, but not by seconds.
     assert behind - unloaded < heavy / 2, (behind, unloaded, heavy)
     # The rounds run since: the heavy one and the probe's; no abandoned one.
-    assert rounds(log.read_text()[mark:]) == [(1, stream_tokens(running.body)), (1, stream_tokens(probe.body))]
+    since = logged_rounds(log, start + 6)[mark:]
+    assert rounds(since) == [(1, stream_tokens(running.body)), (1, stream_tokens(probe.body))]
 
 
 # A model as deep as a small real one (the test model has 2 layers): a round is
