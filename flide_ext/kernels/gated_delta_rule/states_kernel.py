@@ -68,7 +68,8 @@ def _chunk_states_one(
     src = POOL + first.to(tl.int64) * HV * DK * DV
     S1 = tl.load(src + off1, mask=mask1 & (first >= 0), other=0.0).to(tl.float32)
     S2 = tl.load(src + off2, mask=mask2 & (first >= 0), other=0.0).to(tl.float32)
-    for c in range(tl.cdiv(eos - bos, BT)):
+    num_chunks = tl.cdiv(eos - bos, BT)
+    for c in range(num_chunks):
         t0 = bos + c * BT
         rows = t0 + tl.arange(0, BT)
         r_ok = rows < eos
@@ -89,19 +90,22 @@ def _chunk_states_one(
         v_new = u.to(tl.float32) - wS
         tl.store(V_NEW + r64[:, None] * HV * DV + hv * DV + vv[None, :], v_new.to(V_NEW.dtype.element_ty),
                  mask=r_ok[:, None] & v_ok[None, :])
-        g = tl.load(G + r64 * HV + hv, mask=r_ok, other=0.0)
-        g_last = tl.load(G + (tl.minimum(t0 + BT, eos) - 1).to(tl.int64) * HV + hv)
-        scaled = tl.where(r_ok[:, None], v_new * tl.exp2(g_last - g)[:, None], 0.0)
-        k_rows = K + r64[:, None] * H * DK + h * DK
-        ka = tl.load(k_rows + k1[None, :], mask=r_ok[:, None] & ok1[None, :], other=0.0)
-        kb = tl.load(k_rows + k2[None, :], mask=r_ok[:, None] & ok2[None, :], other=0.0)
-        decay = tl.exp2(g_last)
-        if IEEE:
-            S1 = S1 * decay + tl.dot(tl.trans(ka), scaled.to(ka.dtype), input_precision="ieee")
-            S2 = S2 * decay + tl.dot(tl.trans(kb), scaled.to(kb.dtype), input_precision="ieee")
-        else:
-            S1 = S1 * decay + tl.dot(tl.trans(ka), scaled.to(ka.dtype))
-            S2 = S2 * decay + tl.dot(tl.trans(kb), scaled.to(kb.dtype))
+        # The state after the last chunk is wanted only when kept: a question
+        # (a leaf, one chunk mostly) skips the update, half its matrix work.
+        if (c + 1 < num_chunks) | (last >= 0):
+            g = tl.load(G + r64 * HV + hv, mask=r_ok, other=0.0)
+            g_last = tl.load(G + (tl.minimum(t0 + BT, eos) - 1).to(tl.int64) * HV + hv)
+            scaled = tl.where(r_ok[:, None], v_new * tl.exp2(g_last - g)[:, None], 0.0)
+            k_rows = K + r64[:, None] * H * DK + h * DK
+            ka = tl.load(k_rows + k1[None, :], mask=r_ok[:, None] & ok1[None, :], other=0.0)
+            kb = tl.load(k_rows + k2[None, :], mask=r_ok[:, None] & ok2[None, :], other=0.0)
+            decay = tl.exp2(g_last)
+            if IEEE:
+                S1 = S1 * decay + tl.dot(tl.trans(ka), scaled.to(ka.dtype), input_precision="ieee")
+                S2 = S2 * decay + tl.dot(tl.trans(kb), scaled.to(kb.dtype), input_precision="ieee")
+            else:
+                S1 = S1 * decay + tl.dot(tl.trans(ka), scaled.to(ka.dtype))
+                S2 = S2 * decay + tl.dot(tl.trans(kb), scaled.to(kb.dtype))
     if last >= 0:
         dst = POOL + last.to(tl.int64) * HV * DK * DV
         tl.store(dst + off1, S1.to(POOL.dtype.element_ty), mask=mask1)
