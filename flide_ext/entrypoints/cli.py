@@ -258,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--skip-server-warmup", action="store_true", default=None,
                        help="start without the warm-up rounds that compile every kernel variant on a CUDA device "
                        "(SGLang's flag)")
+    serve.add_argument("--sleep-on-idle", action="store_true", default=None,
+                       help="an idle scheduler blocks on its socket instead of polling it (SGLang's flag; without it "
+                       "the scheduler polls on a CUDA device, taking a request without a wake-up, and blocks on the CPU)")
     serve.add_argument("--log-level-http",
                        help="uvicorn's log level, its access log at info; also trace (default: --log-level)")
     serve.add_argument("--watchdog-timeout", type=float, metavar="S",

@@ -94,8 +94,11 @@ class BodyLimits:
             if complete:  # past the body: waiting for a disconnect is not bounded here
                 return await receive()
             try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
-            except asyncio.TimeoutError:
+                # A deadline on this task (asyncio.timeout_at), not wait_for's
+                # task per receive: the body's parts mostly arrive at once.
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
                 raise _BodyRefused(self._too_slow()) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))

@@ -39,8 +39,12 @@ async def _disconnected(receive: Callable[[], Awaitable[dict]]) -> None:
 async def while_client_waits(receive: Callable[[], Awaitable[dict]], work: Awaitable,
                              timeout: Optional[float] = None):
     """``await work``, unless the client disconnects first or it takes longer
-    than ``timeout`` seconds; then ``work`` is cancelled (and awaited, so what
-    it does on cancellation is done).
+    than ``timeout`` seconds; then ``work`` is cancelled (and what it does on
+    cancellation is done before this returns).
+
+    ``work`` runs in the calling task (no task of its own, so its answer reaches
+    the caller without another turn of the event loop); a watcher task reads
+    ``receive`` and cancels the caller when the client goes.
 
     Args:
         receive: the request's ASGI receive channel, its body already read.
@@ -54,20 +58,31 @@ async def while_client_waits(receive: Callable[[], Awaitable[dict]], work: Await
         ClientDisconnected: the client went away first.
         RequestTimedOut: ``timeout`` passed first.
     """
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnected(receive))
+    caller = asyncio.current_task()
+    left, over = False, False
+
+    def on_disconnect(watch: asyncio.Future) -> None:
+        nonlocal left
+        if over or watch.cancelled() or watch.exception() is not None:
+            return
+        left = True
+        caller.cancel()
+
+    watch = asyncio.ensure_future(_disconnected(receive))
+    watch.add_done_callback(on_disconnect)
+    limit = asyncio.timeout(timeout)
     try:
-        await asyncio.wait((task, gone), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        async with limit:
+            return await work
+    except asyncio.CancelledError:
+        # Ours (the client left) unless someone else cancelled the caller too.
+        if left and caller.uncancel() == 0:
+            raise ClientDisconnected() from None
+        raise
+    except TimeoutError:
+        if limit.expired():  # not a TimeoutError of the work's own
+            raise RequestTimedOut(timeout) from None
+        raise
     finally:
-        gone.cancel()
-        if not task.done():
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-    if not task.cancelled():
-        return task.result()  # done first (or together with the disconnect): answered
-    if gone.done() and not gone.cancelled():
-        raise ClientDisconnected()
-    raise RequestTimedOut(timeout)
+        over = True  # answered (or failed): a disconnect seen from now on cancels nothing
+        watch.cancel()

@@ -80,6 +80,7 @@ class ServeArgs:
     residual_dtype: Optional[str] = None  # "float32" or "model"; None: the engine's default (float32)
     skip_server_warmup: bool = False  # SGLang's: no warm-up rounds at start (they run on CUDA devices only)
     decode_log_interval: int = 40  # SGLang's (its default): rounds per stats line
+    sleep_on_idle: bool = False  # SGLang's: an idle scheduler blocks on its socket (else it polls, on CUDA devices)
 
 
 def serve(args: ServeArgs) -> None:
@@ -156,6 +157,7 @@ def serve(args: ServeArgs) -> None:
         kwargs=dict(heartbeat_addr=addrs["heartbeat"], abort_addr=addrs["abort"],
                     round_seconds=limits["round_seconds"], log_interval=limits["decode_log_interval"],
                     warmup=False if args.skip_server_warmup else None,
+                    sleep_on_idle=True if args.sleep_on_idle else None,
                     heartbeat_interval=heartbeat_interval(limits["heartbeat_timeout"])),
         daemon=True,
     )

@@ -59,7 +59,8 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
                   mem_fraction_static: Optional[float] = None, log_level: Optional[str] = None,
                   heartbeat_addr: Optional[str] = None, heartbeat_interval: float = 1.0,
                   round_seconds: Optional[float] = None, abort_addr: Optional[str] = None,
-                  warmup: Optional[bool] = None, log_interval: int = 40) -> None:
+                  warmup: Optional[bool] = None, log_interval: int = 40,
+                  sleep_on_idle: Optional[bool] = None) -> None:
     """Process entry point: load the model, then serve rounds forever.
 
     Args:
@@ -85,6 +86,11 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
             before answering anything; None: on a CUDA device only (on the CPU
             no kernel compiles on first use).
         log_interval: rounds per stats line (SGLang's ``--decode-log-interval``).
+        sleep_on_idle: with no request waiting, block on the socket (True) or
+            poll it without pause (False: a request is taken the moment it
+            comes, without a wake-up, as SGLang's scheduler polls unless
+            ``--sleep-on-idle``); None: poll on a CUDA device, block on the CPU
+            (where a polling process would take a core from the rounds).
     """
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -150,9 +156,15 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
             for w, e in waiting.resize(measure):
                 done.send_pyobj(ScoreDone(w.rid, error=e.message, error_field=e.field))
 
+    spin = not sleep_on_idle if sleep_on_idle is not None else engine.device.type == "cuda"
     while True:
         if not len(waiting):
-            work.poll()  # the parent watch (liveness) ends this process if the server goes
+            # The parent watch (liveness) ends this process if the server goes.
+            if spin:
+                while not work.poll(0):
+                    pass
+            else:
+                work.poll()
         withdrawn = set()
         while True:
             try:

@@ -307,6 +307,41 @@ def test_a_timeout_cancels_the_work():
     assert work.cancelled and time.perf_counter() - started < 5
 
 
+def test_the_works_own_timeout_error_is_not_the_request_timeout():
+    async def work():
+        raise TimeoutError("the work's own")
+
+    with pytest.raises(TimeoutError, match="the work's own"):
+        asyncio.run(while_client_waits(_client(), work(), timeout=5))
+
+
+def test_a_caller_cancelled_from_outside_is_not_a_client_that_left():
+    """The work runs in the caller's task: cancelling the caller (a server
+    stopping) cancels the work and is a cancellation, not a disconnect."""
+    work = _Work(10)
+
+    async def run():
+        caller = asyncio.ensure_future(while_client_waits(_client(), work(), timeout=None))
+        await asyncio.sleep(0.05)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+
+    asyncio.run(run())
+    assert work.cancelled
+
+
+def test_a_disconnect_after_the_answer_cancels_nothing():
+    """The client leaving once its answer came: the caller goes on (sending the
+    answer) and is not cancelled later by the watcher."""
+    async def run():
+        answer = await while_client_waits(_client(leaves_after=0.01), _Work(0.0)(), timeout=None)
+        await asyncio.sleep(0.05)  # the watcher has seen the disconnect by now
+        return answer
+
+    assert asyncio.run(run()) == "answer"
+
+
 def test_a_withdrawn_health_probe_is_no_aborted_request(char_model_dir, tmp_path):
     """``/health_generate`` withdraws its probe once any answer comes (a busy
     server's): no client left and no --request-timeout passed, so
