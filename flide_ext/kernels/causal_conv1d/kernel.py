@@ -207,12 +207,18 @@ def _causal_conv1d_tree_kernel(
         for tap in tl.static_range(WIDTH):
             src = idx - HIST + tap
             own = inside & (src >= 0)
-            xv = tl.load(X + (rows - HIST + tap).to(tl.int64)[:, None] * stride_x + c[None, :],
-                         mask=own[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
-            hv = _history_value(X, POOL, HISTORY, seg, slot[:, None], HIST + src, c, inside & (src < 0), c_ok,
-                                stride_x, C, HIST)
+            before = inside & (src < 0)  # the tap reads the segment's history entry HIST + src
+            e = tl.load(HISTORY + seg * HIST + HIST + src, mask=before, other=-1)
+            # One gather of stream rows, the row's own or its history's, and the
+            # checkpoint window's entries beside it: each term is the general
+            # path's (the other one exactly zero), summed in the same order.
+            row = tl.where(own, rows - HIST + tap, e)
+            xv = tl.load(X + tl.maximum(row, 0).to(tl.int64)[:, None] * stride_x + c[None, :],
+                         mask=(own | (before & (e >= 0)))[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+            wv = tl.load(POOL + slot[:, None].to(tl.int64) * C * HIST + c[None, :] * HIST + (-2 - e)[:, None],
+                         mask=(before & (e <= -2))[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
             w_tap = tl.sum(tl.where(taps[None, :] == tap, weight, 0.0), axis=1)
-            acc += (xv + hv) * w_tap[None, :]
+            acc += (xv + wv) * w_tap[None, :]
     acc = _bias_activation(acc, BIAS, c, c_ok, HAS_BIAS, SILU)
     acc = tl.where(inside[:, None], acc, 0.0)
     if SPLIT:
