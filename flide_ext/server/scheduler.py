@@ -161,7 +161,7 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
         if not len(waiting):
             # The parent watch (liveness) ends this process if the server goes.
             if spin:
-                while not work.poll(0):
+                while not work.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # no poller made per look
                     pass
             else:
                 work.poll()
