@@ -1,4 +1,4 @@
-import glob, sys, collections, statistics, subprocess, re
+import glob, os, sys, collections, statistics, subprocess, re
 def hops(dirs):
     spans = collections.defaultdict(list); outside = []
     chain = "arrive body handler encoded sized made msent recv put ran sent mrecv setres resumed scored waited built staged startsend sentbody".split()
@@ -24,7 +24,7 @@ def hops(dirs):
             for a, b in zip(have, have[1:]): spans[(a, b)].append((first[b] - first[a]) * 1e3)
             outside.append(((first["sentbody"] - first["arrive"]) - (first["ran"] - first["put"])) * 1e3)
     return chain, spans, outside
-A = sorted(glob.glob(f"/tmp/hopsrun/ab/{sys.argv[1]}.*")); B = sorted(glob.glob(f"/tmp/hopsrun/ab/{sys.argv[2]}.*"))
+A = sorted(glob.glob(os.environ.get("WORK", "/tmp/hopsrun") + f"/ab/{sys.argv[1]}.*")); B = sorted(glob.glob(os.environ.get("WORK", "/tmp/hopsrun") + f"/ab/{sys.argv[2]}.*"))
 chain, sa, oa = hops(A); _, sb, ob = hops(B)
 print(f"{'hop':>22} {sys.argv[1]:>8} {sys.argv[2]:>8}")
 for a, b in zip(chain, chain[1:]):
