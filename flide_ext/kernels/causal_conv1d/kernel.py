@@ -155,15 +155,28 @@ def causal_conv1d_triton(
 
 
 @triton.jit
+def _history_entry(HISTORY, seg, h, use, HIST: tl.constexpr):
+    # Entry h (0 = oldest) of a segment's history table: a stream row (>= 0),
+    # zero (-1) or a checkpoint window entry (-2 - entry); -1 where not ``use``.
+    return tl.load(HISTORY + seg * HIST + h, mask=use, other=-1)
+
+
+@triton.jit
+def _window_value(POOL, slot, e, c, use, c_ok, C, HIST: tl.constexpr):
+    # The checkpoint window's values of history entries ``e`` (zero where ``e``
+    # names no window entry or not ``use``), float32.
+    return tl.load(POOL + slot.to(tl.int64) * C * HIST + c[None, :] * HIST + (-2 - e)[:, None],
+                   mask=(use & (e <= -2))[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _history_value(X, POOL, HISTORY, seg, slot, h, c, use, c_ok, stride_x, C, HIST: tl.constexpr):
     # Input h (0 = oldest) of a segment's history: a stream row, a checkpoint
     # window entry, or zero.
-    e = tl.load(HISTORY + seg * HIST + h, mask=use, other=-1)
+    e = _history_entry(HISTORY, seg, h, use, HIST)
     xv = tl.load(X + tl.maximum(e, 0).to(tl.int64)[:, None] * stride_x + c[None, :],
                  mask=(use & (e >= 0))[:, None] & c_ok[None, :], other=0.0)
-    wv = tl.load(POOL + slot.to(tl.int64) * C * HIST + c[None, :] * HIST + (-2 - e)[:, None],
-                 mask=(use & (e <= -2))[:, None] & c_ok[None, :], other=0.0)
-    return xv.to(tl.float32) + wv.to(tl.float32)
+    return xv.to(tl.float32) + _window_value(POOL, slot, e, c, use, c_ok, C, HIST)
 
 
 @triton.jit
@@ -208,15 +221,14 @@ def _causal_conv1d_tree_kernel(
             src = idx - HIST + tap
             own = inside & (src >= 0)
             before = inside & (src < 0)  # the tap reads the segment's history entry HIST + src
-            e = tl.load(HISTORY + seg * HIST + HIST + src, mask=before, other=-1)
+            e = _history_entry(HISTORY, seg, HIST + src, before, HIST)
             # One gather of stream rows, the row's own or its history's, and the
             # checkpoint window's entries beside it: each term is the general
             # path's (the other one exactly zero), summed in the same order.
             row = tl.where(own, rows - HIST + tap, e)
             xv = tl.load(X + tl.maximum(row, 0).to(tl.int64)[:, None] * stride_x + c[None, :],
                          mask=(own | (before & (e >= 0)))[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
-            wv = tl.load(POOL + slot[:, None].to(tl.int64) * C * HIST + c[None, :] * HIST + (-2 - e)[:, None],
-                         mask=(before & (e <= -2))[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+            wv = _window_value(POOL, slot[:, None], e, c, before, c_ok, C, HIST)
             w_tap = tl.sum(tl.where(taps[None, :] == tap, weight, 0.0), axis=1)
             acc += (xv + wv) * w_tap[None, :]
     acc = _bias_activation(acc, BIAS, c, c_ok, HAS_BIAS, SILU)
