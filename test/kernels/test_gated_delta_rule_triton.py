@@ -272,3 +272,87 @@ def test_chunk_forked_level_matches_reference(monkeypatch):
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(pools[1], pools[0], rtol=1e-4, atol=1e-4)
     assert torch.equal(pools[1][4], pools[1][1])
+
+
+@pytest.mark.parametrize("H,HV,K,V,programs", [(2, 4, 32, 48, 3), (1, 2, 16, 16, None)])
+def test_leaf_kernel_matches_reference(H, HV, K, V, programs):
+    """Short leaves, each one chunk from its parent's slot (or zeros), against the
+    chunked reference: lengths 1 to LEAF_ROWS, padding entries skipped, rows of
+    other segments left as they were, the pool untouched."""
+    from flide_ext.kernels.gated_delta_rule.chunks import LEAF_ROWS
+    from flide_ext.kernels.gated_delta_rule.leaves_kernel import gated_delta_rule_leaves_triton
+    from flide_ext.kernels.gated_delta_rule.reference import gated_delta_rule_leaves_ref
+
+    lengths = [40, 1, LEAF_ROWS, 7, 25, 0]  # segment 0 is no leaf; the last is the padding segment
+    starts = [0, 40, 41, 41 + LEAF_ROWS, 48 + LEAF_ROWS, 73 + LEAF_ROWS]
+    T = starts[-1] + 3  # three rows past every segment
+    t32 = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    seg_start, seg_len, initial = t32(starts), t32(lengths), t32([-1, 2, -1, 0, 2, -1])
+    leaves = t32([1, 2, 5, 3, 4, 5])
+    gen = torch.Generator().manual_seed(31)
+    q, k, v, g, beta = _gdn_inputs(T, H, HV, K, V, gen)
+    q, k = (x / x.norm(dim=-1, keepdim=True) for x in (q, k))
+    pool = torch.randn(3, HV, K, V, generator=gen) * 0.2
+    kept = pool.clone()
+    outs = [torch.full((T, HV, V), 7.0) for _ in range(2)]
+    gated_delta_rule_leaves_ref(q, k, v, g, beta, K**-0.5, pool, seg_start, seg_len, initial, leaves, outs[0])
+    gated_delta_rule_leaves_triton(q, k, v, g, beta, K**-0.5, pool, seg_start, seg_len, initial, leaves, outs[1],
+                                   programs)
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+    rows = slice(40, 73 + LEAF_ROWS)
+    assert not torch.equal(outs[1][rows], torch.full_like(outs[1][rows], 7.0))
+    assert torch.equal(outs[1][:40], torch.full((40, HV, V), 7.0))  # not a leaf: left
+    assert torch.equal(outs[1][rows.stop:], torch.full((3, HV, V), 7.0))
+    assert torch.equal(pool, kept)
+    with pytest.raises(ValueError, match="at most"):
+        gated_delta_rule_leaves_ref(q, k, v, g, beta, K**-0.5, pool, seg_start, seg_len, initial, t32([0]), outs[0])
+
+
+def test_leaf_kernel_with_correlated_keys():
+    """A full leaf of nearly parallel keys and strong writes, where the chunk's
+    system is ill conditioned (a power series of A would lose every digit): the
+    kernel's blocked inverse still matches the float64 reference."""
+    from flide_ext.kernels.gated_delta_rule.chunks import LEAF_ROWS
+    from flide_ext.kernels.gated_delta_rule.leaves_kernel import gated_delta_rule_leaves_triton
+    from flide_ext.kernels.gated_delta_rule.reference import gated_delta_rule_leaves_ref
+
+    gen = torch.Generator().manual_seed(33)
+    T, K = LEAF_ROWS, 32
+    q, k, v, g, _ = _gdn_inputs(T, 1, 2, K, 16, gen)
+    k = 0.999 * torch.randn(K, generator=gen) + 0.001 * k
+    q, k = (x / x.norm(dim=-1, keepdim=True) for x in (q, k))
+    beta = 0.9 + 0.1 * torch.rand(T, 2, generator=gen)
+    table = [torch.tensor(x, dtype=torch.int32) for x in ([0], [T], [0], [0])]
+    pool = torch.randn(1, 2, K, 16, generator=gen)
+    outs = [torch.zeros(T, 2, 16) for _ in range(2)]
+    gated_delta_rule_leaves_ref(q, k, v, g, beta, K**-0.5, pool, *table, outs[0])
+    gated_delta_rule_leaves_triton(q, k, v, g, beta, K**-0.5, pool, *table, outs[1])
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+
+
+def test_tree_pass_with_leaves_matches_reference():
+    """The table-driven tree pass of a round whose questions are short leaves
+    (the leaf kernel) and longer ones (the chunked pass) against the reference."""
+    import flide_ext.kernels.gated_delta_rule as gd
+    import flide_ext.kernels.gated_delta_rule.tree_kernel as gdt
+    from flide_ext.kernels.gated_delta_rule import gated_delta_rule_tree_ref
+    from flide_ext.kernels.tables import build_tables
+    from flide_ext.plan.flat import plan_round
+    from flide_ext.runtime.round_buffers import RoundBuffers
+    from test.helpers.plans import keep_parent_states
+
+    state = list(range(3, 100))
+    prompts = [state + [7] * 5, state + [8] * 20, state + [9] * 70, [5] * 30, state[:50] + [6]]
+    plan = keep_parent_states(plan_round([0, 0, 0, 1, 2], prompts))
+    tables = RoundBuffers("cpu").write(plan, build_tables(plan, None, 4, 16)).tables
+    # Leaves: the 30-row root of request 1, the 5- and 20-row questions; not the 70- and 51-row ones.
+    assert tables.seg_len[tables.leaves.long()].tolist()[:4] == [30, 5, 20, 0]
+    gen = torch.Generator().manual_seed(32)
+    T = plan.num_tokens
+    q, k, v, g, beta = _gdn_inputs(T, 2, 4, 16, 16, gen)
+    pools = [torch.zeros(plan.num_segments, 4, 16, 16) for _ in range(2)]
+    want = gated_delta_rule_tree_ref(q, k, v, g, beta, 0.25, pools[0], plan.level_tables())
+    got = gdt.gated_delta_rule_tree_triton(q, k, v, g, beta, 0.25, pools[1], [], tables=tables,
+                                           table_steps=gd.reference_steps())
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(pools[1], pools[0], rtol=1e-4, atol=1e-4)
