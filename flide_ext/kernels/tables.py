@@ -79,8 +79,8 @@ class KernelTables:
             pairs name the padding segment.
         chunk_offsets: ``[S1 + 1]`` first chunk of each segment (leaves have none).
         leaves: ``[S1]`` the segments the GDN leaf kernel runs instead of the
-            chunked pass (no children, 1 to ``LEAF_ROWS`` rows, final state not
-            kept), then the padding segment.
+            chunked pass (no children, a sibling in their request, 1 to
+            ``LEAF_ROWS`` rows, final state not kept), then the padding segment.
         leaf_programs: programs per value head and block of the leaf kernel.
         level_range: ``[L, 2]`` first and end segment index of each tree level
             (padding levels are empty).
@@ -215,10 +215,14 @@ def build_tables(plan, capacity: Optional[TableCapacity], conv_width: int, token
     if plan.seg_slot is not None:
         initial[:S], final[:S] = plan.seg_initial_slot.numpy(), plan.seg_slot.numpy()
         # Short leaves (most questions) skip the chunked pass, which would pad each to a CHUNK-row chunk.
+        # Only forks (a sibling in the request: the same parent, or both roots): a lone leaf may be
+        # the tail of a cut at a checkpoint, which must compute what the uncut segment's last chunk does.
         parents = np.asarray(tree_parent, dtype=np.int64)
         leaf = np.ones(S, dtype=bool)
         leaf[parents[parents >= 0]] = False
-        leaf &= (seg_len[:S] > 0) & (seg_len[:S] <= LEAF_ROWS) & (final[:S] < 0)
+        fork = np.stack([np.asarray(requests, dtype=np.int64), parents], axis=1)
+        _, inverse, counts = np.unique(fork, axis=0, return_inverse=True, return_counts=True)
+        leaf &= (counts[inverse.reshape(-1)] > 1) & (seg_len[:S] > 0) & (seg_len[:S] <= LEAF_ROWS) & (final[:S] < 0)
         found = np.flatnonzero(leaf)
         leaves[:found.size] = found
         chunked_len = seg_len.copy()

@@ -342,11 +342,12 @@ def test_tree_pass_with_leaves_matches_reference():
     from test.helpers.plans import keep_parent_states
 
     state = list(range(3, 100))
-    prompts = [state + [7] * 5, state + [8] * 20, state + [9] * 70, [5] * 30, state[:50] + [6]]
-    plan = keep_parent_states(plan_round([0, 0, 0, 1, 2], prompts))
+    prompts = [state + [7] * 5, state + [8] * 20, state + [9] * 70, [5] * 30, [6] * 31, [4] * 30, state[:50] + [6]]
+    plan = keep_parent_states(plan_round([0, 0, 0, 1, 1, 2, 3], prompts))
     tables = RoundBuffers("cpu").write(plan, build_tables(plan, None, 4, 16)).tables
-    # Leaves: the 30-row root of request 1, the 5- and 20-row questions; not the 70- and 51-row ones.
-    assert tables.seg_len[tables.leaves.long()].tolist()[:4] == [30, 5, 20, 0]
+    # Leaves: request 1's two short roots and the 5- and 20-row questions; not the 70-row question,
+    # request 2's lone 30-row root (a lone leaf may be a checkpoint's tail) or request 3's 51 rows.
+    assert tables.seg_len[tables.leaves.long()].tolist()[:5] == [30, 31, 5, 20, 0]
     gen = torch.Generator().manual_seed(32)
     T = plan.num_tokens
     q, k, v, g, beta = _gdn_inputs(T, 2, 4, 16, 16, gen)
@@ -356,3 +357,28 @@ def test_tree_pass_with_leaves_matches_reference():
                                            table_steps=gd.reference_steps())
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(pools[1], pools[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_cut_at_a_checkpoint_changes_no_bit_of_the_tail():
+    """A prompt cut at a checkpoint (a 64-row tier, then its 16-row tail: a lone
+    leaf) gives the tail the bits the uncut prompt's last chunk gets: a lone leaf
+    stays in the chunked pass, only forked short leaves take the leaf kernel."""
+    import flide_ext.kernels.gated_delta_rule as gd
+    import flide_ext.kernels.gated_delta_rule.tree_kernel as gdt
+    from flide_ext.kernels.tables import build_tables
+    from flide_ext.plan.flat import plan_round
+    from flide_ext.runtime.round_buffers import RoundBuffers
+    from test.helpers.plans import keep_parent_states
+
+    prompt = list(range(3, 83))
+    gen = torch.Generator().manual_seed(34)
+    q, k, v, g, beta = _gdn_inputs(len(prompt), 2, 4, 16, 16, gen)
+    outs = []
+    for requests, prompts in (([0], [prompt]), ([0, 0], [prompt[:64], prompt])):
+        plan = keep_parent_states(plan_round(requests, prompts))
+        tables = RoundBuffers("cpu").write(plan, build_tables(plan, None, 4, 16)).tables
+        pool = torch.zeros(plan.num_segments, 4, 16, 16)
+        outs.append(gdt.gated_delta_rule_tree_triton(q, k, v, g, beta, 0.25, pool, [], tables=tables,
+                                                     table_steps=gd.reference_steps()))
+    assert plan.num_segments == 2 and int(plan.seg_len[1]) == 16
+    assert torch.equal(outs[1], outs[0])

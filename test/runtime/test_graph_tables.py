@@ -61,12 +61,16 @@ def test_attention_and_gdn_tables_match_the_round(tiny_dirs):
         assert torch.equal(got[:S], ref)
         assert got.shape[0] == cap.segments + 1
     assert int(lens[S:].abs().sum()) == 0 and int(path_len[S:].abs().sum()) == 0
-    # The leaf table: segments without children, of 1 to LEAF_ROWS rows and no kept
-    # state, then the padding segment; this round's short questions and its 5-token request.
-    parents = {seg.parent for seg in plan.tree.segments}
-    leaves = [s for s in range(S) if s not in parents and 0 < int(plan.seg_len[s]) <= LEAF_ROWS
-              and int(plan.seg_slot[s]) < 0]
-    assert len(leaves) >= 4 and int(plan.seg_len.max()) > LEAF_ROWS
+    # The leaf table: segments without children but with a sibling in their request,
+    # of 1 to LEAF_ROWS rows and no kept state, then the padding segment: this round's
+    # short questions, not its lone 5-token request.
+    segs = plan.tree.segments
+    parents = {seg.parent for seg in segs}
+    forks = [(seg.request, seg.parent) for seg in segs]
+    leaves = [s for s in range(S) if s not in parents and forks.count(forks[s]) > 1
+              and 0 < int(plan.seg_len[s]) <= LEAF_ROWS and int(plan.seg_slot[s]) < 0]
+    assert len(leaves) >= 3 and int(plan.seg_len.max()) > LEAF_ROWS
+    assert all(segs[s].request == 0 for s in leaves)
     assert t["leaves"].tolist() == leaves + [cap.segments] * (cap.segments + 1 - len(leaves))
     assert t["leaf_programs"] == cap.segments + 1
     # fla's chunk table: every chunk of the other segments once, in stream order, then padding.
