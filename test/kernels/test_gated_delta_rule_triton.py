@@ -274,8 +274,9 @@ def test_chunk_forked_level_matches_reference(monkeypatch):
     assert torch.equal(pools[1][4], pools[1][1])
 
 
-@pytest.mark.parametrize("H,HV,K,V,programs", [(2, 4, 32, 48, 3), (1, 2, 16, 16, None)])
-def test_leaf_kernel_matches_reference(H, HV, K, V, programs):
+@pytest.mark.parametrize("H,HV,K,V,programs,dtype", [(2, 4, 32, 48, 3, torch.float32), (1, 2, 16, 16, None, torch.float32),
+                                                      (1, 2, 16, 16, 2, torch.float64)])
+def test_leaf_kernel_matches_reference(H, HV, K, V, programs, dtype):
     """Short leaves, each one chunk from its parent's slot (or zeros), against the
     chunked reference: lengths 1 to LEAF_ROWS, padding entries skipped, rows of
     other segments left as they were, the pool untouched."""
@@ -290,19 +291,19 @@ def test_leaf_kernel_matches_reference(H, HV, K, V, programs):
     seg_start, seg_len, initial = t32(starts), t32(lengths), t32([-1, 2, -1, 0, 2, -1])
     leaves = t32([1, 2, 5, 3, 4, 5])
     gen = torch.Generator().manual_seed(31)
-    q, k, v, g, beta = _gdn_inputs(T, H, HV, K, V, gen)
+    q, k, v, g, beta = (x.to(dtype) for x in _gdn_inputs(T, H, HV, K, V, gen))  # float64: a GDN rule dtype
     q, k = (x / x.norm(dim=-1, keepdim=True) for x in (q, k))
     pool = torch.randn(3, HV, K, V, generator=gen) * 0.2
     kept = pool.clone()
-    outs = [torch.full((T, HV, V), 7.0) for _ in range(2)]
+    outs = [torch.full((T, HV, V), 7.0, dtype=dtype) for _ in range(2)]
     gated_delta_rule_leaves_ref(q, k, v, g, beta, K**-0.5, pool, seg_start, seg_len, initial, leaves, outs[0])
     gated_delta_rule_leaves_triton(q, k, v, g, beta, K**-0.5, pool, seg_start, seg_len, initial, leaves, outs[1],
                                    programs)
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
     rows = slice(40, 73 + LEAF_ROWS)
     assert not torch.equal(outs[1][rows], torch.full_like(outs[1][rows], 7.0))
-    assert torch.equal(outs[1][:40], torch.full((40, HV, V), 7.0))  # not a leaf: left
-    assert torch.equal(outs[1][rows.stop:], torch.full((3, HV, V), 7.0))
+    assert torch.equal(outs[1][:40], torch.full((40, HV, V), 7.0, dtype=dtype))  # not a leaf: left
+    assert torch.equal(outs[1][rows.stop:], torch.full((3, HV, V), 7.0, dtype=dtype))
     assert torch.equal(pool, kept)
     with pytest.raises(ValueError, match="at most"):
         gated_delta_rule_leaves_ref(q, k, v, g, beta, K**-0.5, pool, seg_start, seg_len, initial, t32([0]), outs[0])

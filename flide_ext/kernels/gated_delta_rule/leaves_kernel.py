@@ -40,6 +40,14 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _exact_dot(a, b):
+    # The chunk's system in float32 products (TF32 would round it away); float64 as it is.
+    if a.dtype == tl.float32:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
 def _gdn_leaves_kernel(
     Q, K, V, G, BETA, O, POOL, SEG_START, SEG_LEN, INITIAL, LEAVES, num_leaves, scale,
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
@@ -53,7 +61,6 @@ def _gdn_leaves_kernel(
     idx = tl.arange(0, BT)
     lower = idx[:, None] > idx[None, :]
     causal = idx[:, None] >= idx[None, :]
-    eye = tl.where(idx[:, None] == idx[None, :], 1.0, 0.0)
     HALF: tl.constexpr = BT // 2
     diagonal = (idx[:, None] // HALF) == (idx[None, :] // HALF)
     for i in range(tl.program_id(1), num_leaves, tl.num_programs(1)):
@@ -75,13 +82,13 @@ def _gdn_leaves_kernel(
             # diagonal blocks at once (row r of each block from the rows above it),
             # then the block below the diagonal, T21 = -T22 A21 T11. In float32
             # products: the power series of A loses every digit for correlated keys.
+            eye = tl.where(idx[:, None] == idx[None, :], 1.0, 0.0).to(A.dtype)
             T = eye
             for r in range(1, tl.minimum(length, HALF)):
                 row = (idx % HALF) == r
-                T = tl.where(row[:, None], eye - tl.dot(tl.where(row[:, None] & diagonal, A, 0.0), T,
-                                                        input_precision="ieee"), T)
+                T = tl.where(row[:, None], eye - _exact_dot(tl.where(row[:, None] & diagonal, A, 0.0), T), T)
             if length > HALF:
-                T -= tl.dot(tl.dot(T, tl.where(diagonal, 0.0, A), input_precision="ieee"), T, input_precision="ieee")
+                T -= _exact_dot(_exact_dot(T, tl.where(diagonal, 0.0, A)), T)
             e = tl.exp2(gc)
             b_v = tl.load(V + r64[:, None] * HV * DV + hv * DV + vv[None, :], mask=r_ok[:, None] & v_ok[None, :],
                           other=0.0)
