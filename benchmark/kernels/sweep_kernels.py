@@ -12,9 +12,6 @@ the data behind ``fork_attention_triton.TILE_OVERRIDE``'s defaults and
 * The own inter-chunk kernel against fla's on the same WY factors.
 * The inter-chunk kernel's (BLOCK_V, warps, stages), timed as the whole-tree GDN pass (GPU kernel time) beside fla's chunk kernel
   on the same tokens, with a per-kernel profile of both.
-* The GDN leaf kernel's (BLOCK_V, warps, stages), timed as the table-driven
-  whole-tree pass against the same pass with every leaf chunked, on one and
-  fifteen MultiRC requests, one RACE and one QuALITY request.
 * The whole-tree causal conv's (BLOCK_T, BLOCK_C, warps), each with and without
   the interior tiles' fast path, at Qwen3.5-4B's 8,192 channels, its input the
   q/k/v columns of the stacked projection, on the graph tables of a single RACE
@@ -63,7 +60,6 @@ STATES_CONFIGS = [(32, 4, 3), (32, 2, 2), (32, 4, 2), (64, 2, 2), (64, 2, 3), (6
                   (64, 4, 4), (64, 8, 2), (64, 8, 3), (128, 4, 2), (128, 8, 2), (128, 8, 3)]
 # Settings timed as the whole tree pass.
 TREE_STATES_CONFIGS = [(32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 8, 2)]
-LEAF_CONFIGS = [(64, 8, 1), (128, 8, 1), (64, 4, 1), (32, 4, 1), (128, 4, 1), (64, 8, 2), (32, 2, 1)]
 CONV_CONFIGS = [(32, 128, 4), (16, 256, 4), (32, 256, 4), (64, 128, 4), (64, 256, 8), (16, 512, 4), (32, 512, 8),
                 (8, 1024, 4), (16, 1024, 8), (64, 64, 4), (128, 64, 4)]
 
@@ -307,71 +303,10 @@ def sweep_conv(rows):
                   flush=True)
 
 
-def sweep_leaves(rows):
-    """The table-driven GDN pass (the models' path) with the short leaves in the
-    leaf kernel, per (BLOCK_V, warps, stages), against the same pass with every
-    leaf in the chunked pass (``LEAF_ROWS`` 0); Qwen3.5-4B's GDN shape, GPU
-    kernel time, parents keeping their states as the engine's slots do."""
-    import flide_ext.kernels.gated_delta_rule.leaves_kernel as gdlv
-    import flide_ext.kernels.tables as kt
-    from flide_ext.kernels.tables import build_tables
-    from flide_ext.runtime.round_buffers import RoundBuffers
-
-    H, HV, K, V = 16, 32, 128, 128
-    default_rows, default_config = kt.LEAF_ROWS, gdlv.LEAF_CONFIG
-    for name, requests in (("multirc", 1), ("multirc", 15), ("race", 1), ("quality", 1)):
-        owners, prompts = workload_prompts(name, requests)
-        plan = plan_round(owners, prompts)
-        parents = {seg.parent for seg in plan.tree.segments if seg.parent >= 0}
-        plan.assign_slots([s if s in parents else -1 for s in range(plan.num_segments)])
-        gen = torch.Generator(device="cuda").manual_seed(1)
-        q, k, v, g, beta = gdn_inputs(plan.num_tokens, H, HV, K, V, gen)
-        pool = torch.zeros(plan.num_segments, HV, K, V, device="cuda")
-
-        def gdn_pass(leaf_rows):
-            kt.LEAF_ROWS = leaf_rows
-            tables = RoundBuffers("cuda").write(plan, build_tables(plan, None, 4, 64)).tables
-            leaves = int((tables.seg_len[tables.leaves.long()] > 0).sum())
-            return leaves, lambda: gdt.gated_delta_rule_tree_triton(q, k, v, g, beta, K**-0.5, pool, [], tables=tables,
-                                                                     table_steps=gdf.fla_steps())
-
-        _, chunked = gdn_pass(0)
-        base = chunked().float().clone()
-        d_chunked = device_ms(chunked)
-        label = f"{name} x {requests}"
-        rows.append({"kernel": "gdn_leaves", "workload": label, "leaf_config": None, "leaves": 0,
-                     "device_ms": d_chunked})
-        print(f"gdn leaves {label:13s} every leaf chunked: {d_chunked:.3f} ms", flush=True)
-        for cfg in LEAF_CONFIGS:
-            gdlv.LEAF_CONFIG = cfg
-            try:
-                leaves, fn = gdn_pass(default_rows)
-                err = float((fn().float() - base).norm() / base.norm())
-                d = device_ms(fn)
-            except Exception as e:
-                leaves, err, d = None, repr(e)[:200], None
-            rows.append({"kernel": "gdn_leaves", "workload": label, "leaf_config": cfg, "leaves": leaves,
-                         "device_ms": d, "chunked_device_ms": d_chunked, "rel_diff_vs_chunked": err})
-            print(f"gdn leaves {label:13s} {leaves} leaves, {cfg}: {d if d else float('nan'):.3f} ms "
-                  f"({100 * d / d_chunked if d else 0:.0f}% of chunked), diff {err}", flush=True)
-        gdlv.LEAF_CONFIG = default_config
-        for leaf_rows in (0, default_rows):
-            _, fn = gdn_pass(leaf_rows)
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                for _ in range(5):
-                    fn()
-                torch.cuda.synchronize()
-            table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12)
-            print(f"--- {label} leaf rows {leaf_rows}\n{table}", flush=True)
-            rows.append({"kernel": "gdn_leaves_profile", "workload": label, "leaf_rows": leaf_rows, "table": table})
-        kt.LEAF_ROWS = default_rows
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="sweep.json")
-    parser.add_argument("--only", nargs="*", choices=["recurrent", "attention", "agent_attention", "states", "states_vs_fla", "conv",
-                                                      "leaves"],
+    parser.add_argument("--only", nargs="*", choices=["recurrent", "attention", "agent_attention", "states", "states_vs_fla", "conv"],
                         help="run only these sweeps")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -379,7 +314,7 @@ def main() -> int:
         return 2
     rows: list = []
     steps = {"recurrent": sweep_recurrent, "attention": sweep_attention, "agent_attention": sweep_agent_attention, "states": sweep_states,
-             "states_vs_fla": states_vs_fla, "conv": sweep_conv, "leaves": sweep_leaves}
+             "states_vs_fla": states_vs_fla, "conv": sweep_conv}
     for key, step in steps.items():
         if args.only and key not in args.only:
             continue

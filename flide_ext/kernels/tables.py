@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .fork_attention.paths import block_arrays, path_arrays
-from .gated_delta_rule.chunks import CHUNK, LEAF_PROGRAMS, LEAF_ROWS, chunk_layout
+from .gated_delta_rule.chunks import CHUNK, chunk_layout
 
 
 @dataclass(frozen=True)
@@ -77,11 +77,7 @@ class KernelTables:
             sequences.
         chunk_indices: ``[NT, 2]`` int64 fla's (sequence, chunk) pairs; padding
             pairs name the padding segment.
-        chunk_offsets: ``[S1 + 1]`` first chunk of each segment (leaves have none).
-        leaves: ``[S1]`` the segments the GDN leaf kernel runs instead of the
-            chunked pass (no children, a sibling in their request, 1 to
-            ``LEAF_ROWS`` rows, final state not kept), then the padding segment.
-        leaf_programs: programs per value head and block of the leaf kernel.
+        chunk_offsets: ``[S1 + 1]`` first chunk of each segment.
         level_range: ``[L, 2]`` first and end segment index of each tree level
             (padding levels are empty).
         num_levels: ``L``.
@@ -104,8 +100,6 @@ class KernelTables:
     level_range: torch.Tensor
     num_levels: int
     level_programs: int
-    leaves: torch.Tensor
-    leaf_programs: int
     row_valid: torch.Tensor
     padding_segment: int
 
@@ -210,25 +204,10 @@ def build_tables(plan, capacity: Optional[TableCapacity], conv_width: int, token
             history_slot[s] = plan.resume[r].slot
     initial = np.full(S1, -1, dtype=np.int64)
     final = np.full(S1, -1, dtype=np.int64)
-    leaves = np.full(S1, pad, dtype=np.int64)
-    chunked_len = seg_len
     if plan.seg_slot is not None:
         initial[:S], final[:S] = plan.seg_initial_slot.numpy(), plan.seg_slot.numpy()
-        # Short leaves (most questions) skip the chunked pass, which would pad each to a CHUNK-row chunk.
-        # Only forks (a sibling in the request: the same parent, or both roots): a lone leaf may be
-        # the tail of a cut at a checkpoint, which must compute what the uncut segment's last chunk does.
-        parents = np.asarray(tree_parent, dtype=np.int64)
-        leaf = np.ones(S, dtype=bool)
-        leaf[parents[parents >= 0]] = False
-        fork = np.stack([np.asarray(requests, dtype=np.int64), parents], axis=1)
-        _, inverse, counts = np.unique(fork, axis=0, return_inverse=True, return_counts=True)
-        leaf &= (counts[inverse.reshape(-1)] > 1) & (seg_len[:S] > 0) & (seg_len[:S] <= LEAF_ROWS) & (final[:S] < 0)
-        found = np.flatnonzero(leaf)
-        leaves[:found.size] = found
-        chunked_len = seg_len.copy()
-        chunked_len[found] = 0
 
-    _, chunk_offsets, pairs = chunk_layout(chunked_len)
+    _, chunk_offsets, pairs = chunk_layout(seg_len)
     NT_real = int(chunk_offsets[-1])
     chunk_indices = np.empty((capacity.chunks, 2), dtype=np.int64)
     chunk_indices[:NT_real] = pairs
@@ -258,5 +237,4 @@ def build_tables(plan, capacity: Optional[TableCapacity], conv_width: int, token
         chunk_indices=torch.from_numpy(chunk_indices), chunk_offsets=i32(chunk_offsets),
         level_range=i32(level_range), num_levels=capacity.levels,
         level_programs=level_programs or widest, row_valid=torch.from_numpy(row_valid), padding_segment=pad,
-        leaves=i32(leaves), leaf_programs=min(S1, LEAF_PROGRAMS),
     )

@@ -22,7 +22,6 @@ import torch
 
 import flide_ext.kernels.causal_conv1d.kernel as conv
 import flide_ext.kernels.fork_attention.kernel as fat
-import flide_ext.kernels.gated_delta_rule.leaves_kernel as gdl
 import flide_ext.kernels.gated_delta_rule.recurrent_kernel as gdr
 import flide_ext.kernels.gated_delta_rule.states_kernel as gds
 from flide_ext.plan.flat import plan_round
@@ -132,8 +131,7 @@ def test_conv1d_and_gated_delta_rule_compile_for_h200(monkeypatch):
 
 def test_table_driven_kernels_compile_for_h200(monkeypatch):
     """The launches a CUDA graph replays: the tree-wide conv and its final-window
-    kernel, the inter-chunk kernel reading its level range from the tables, and
-    the leaf kernel reading the leaf table."""
+    kernel, and the inter-chunk kernel reading its level range from the tables."""
     from flide_ext.kernels.tables import TableCapacity, build_tables
     from flide_ext.runtime.round_buffers import RoundBuffers
 
@@ -158,11 +156,7 @@ def test_table_driven_kernels_compile_for_h200(monkeypatch):
     h = torch.zeros(cap.chunks, HV, K, V, dtype=torch.bfloat16)
     states = torch.zeros(plan.num_segments, HV, K, V)
     gds.chunk_states_levels_triton(k, w, u, torch.zeros(T, HV), states, h, torch.empty_like(u), tables)
-    rec_leaves = record(monkeypatch, gdl, "_gdn_leaves_kernel")
-    gdl.gated_delta_rule_leaves_triton(k, k, u, torch.zeros(T, HV), torch.zeros(T, HV, dtype=torch.bfloat16),
-                                       K**-0.5, states, tables.seg_start, tables.seg_len, tables.initial_slot,
-                                       tables.leaves, torch.empty_like(u), tables.leaf_programs)
-    assert _compiled(rec_conv, rec_window, rec_states, rec_leaves) == [1, 1, cap.levels, 1]
+    assert _compiled(rec_conv, rec_window, rec_states) == [1, 1, cap.levels]
 
 
 def test_norm_and_gate_kernels_compile_for_h200(monkeypatch):

@@ -14,7 +14,6 @@ import torch
 from flide_ext.kernels.causal_conv1d import causal_conv1d_ref, causal_conv1d_tree, causal_conv1d_tree_ref
 from flide_ext.kernels.causal_conv1d.kernel import causal_conv1d_tree_triton
 from flide_ext.kernels.fork_attention.kernel import _build_metadata
-from flide_ext.kernels.gated_delta_rule.chunks import LEAF_ROWS
 from flide_ext.kernels.tables import TableCapacity, build_tables, conv_history
 from flide_ext.plan.flat import Resume, plan_round
 from flide_ext.runtime.graph_capacities import GraphCapacity, default_capacities, parse_capacities
@@ -61,25 +60,11 @@ def test_attention_and_gdn_tables_match_the_round(tiny_dirs):
         assert torch.equal(got[:S], ref)
         assert got.shape[0] == cap.segments + 1
     assert int(lens[S:].abs().sum()) == 0 and int(path_len[S:].abs().sum()) == 0
-    # The leaf table: segments without children but with a sibling in their request,
-    # of 1 to LEAF_ROWS rows and no kept state, then the padding segment: this round's
-    # short questions, not its lone 5-token request.
-    segs = plan.tree.segments
-    parents = {seg.parent for seg in segs}
-    forks = [(seg.request, seg.parent) for seg in segs]
-    leaves = [s for s in range(S) if s not in parents and forks.count(forks[s]) > 1
-              and 0 < int(plan.seg_len[s]) <= LEAF_ROWS and int(plan.seg_slot[s]) < 0]
-    assert len(leaves) >= 3 and int(plan.seg_len.max()) > LEAF_ROWS
-    assert all(segs[s].request == 0 for s in leaves)
-    assert t["leaves"].tolist() == leaves + [cap.segments] * (cap.segments + 1 - len(leaves))
-    assert t["leaf_programs"] == cap.segments + 1
-    # fla's chunk table: every chunk of the other segments once, in stream order, then padding.
-    chunks = [(s, c) for s in range(S) if s not in leaves for c in range(-(-int(plan.seg_len[s]) // 64))]
+    # fla's chunk table: every real chunk once, in stream order, then padding.
+    chunks = [(s, c) for s in range(S) for c in range(-(-int(plan.seg_len[s]) // 64))]
     assert t["chunk_indices"].shape == (cap.chunks, 2)
     assert t["chunk_indices"][: len(chunks)].tolist() == [list(p) for p in chunks]
     assert bool((t["chunk_indices"][len(chunks):, 0] == cap.segments).all())
-    counts = t["chunk_offsets"].diff().tolist()
-    assert counts[:S] == [0 if s in leaves else -(-int(plan.seg_len[s]) // 64) for s in range(S)]
     assert t["cu_seqlens"][: S + 1].tolist() == plan.seg_start.tolist() + [plan.num_tokens]
     # Levels: consecutive ranges of the segment table, then empty padding levels.
     ranges = t["level_range"].tolist()

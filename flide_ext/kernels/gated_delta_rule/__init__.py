@@ -4,8 +4,7 @@ public functions (argument checks and dispatch).
 Leaves, one way: :mod:`.reference` (plain PyTorch, what CPU runs),
 :mod:`.chunks` (the chunk layout every table builder shares), and the GPU path
 split by step: :mod:`.recurrent_kernel` (token by token), :mod:`.states_kernel`
-(the inter-chunk step, the one that touches the state), :mod:`.leaves_kernel`
-(short leaves, each one chunk in registers), :mod:`.fla_steps`
+(the inter-chunk step, the one that touches the state), :mod:`.fla_steps`
 (fla-core's state-free steps), :mod:`.levels` (host metadata of levels and
 trees) and :mod:`.tree_kernel` (a level or a whole tree composed of those).
 """
@@ -26,15 +25,14 @@ from .reference import (
     chunk_output_ref,
     chunk_states_ref,
     chunk_wy_ref,
-    gated_delta_rule_leaves_ref,
     gated_delta_rule_tree_ref,
     recurrent_gated_delta_rule_ref,
 )
 
 __all__ = [
     "CHUNK", "chunk_gated_delta_rule", "chunk_gated_delta_rule_ref", "chunk_states_ref", "fla_available",
-    "gated_delta_rule_leaves_ref", "gated_delta_rule_tree", "gated_delta_rule_tree_ref", "needs_level_tables",
-    "recurrent_gated_delta_rule_ref", "reference_steps", "table_steps",
+    "gated_delta_rule_tree", "gated_delta_rule_tree_ref", "needs_level_tables", "recurrent_gated_delta_rule_ref",
+    "reference_steps", "table_steps",
 ]
 
 
@@ -48,10 +46,9 @@ def reference_steps() -> ChunkSteps:
 
     return ChunkSteps(
         l2norm=l2norm,
-        local_cumsum=lambda g, cu, ci: chunk_local_cumsum_ref(g, cu, chunk_indices=ci),
-        wy=lambda k, v, g_cum, beta, cu, ci: chunk_wy_ref(k, v, g_cum, beta, cu, chunk_indices=ci),
-        output=lambda q, k, v_new, h, g_cum, scale, cu, ci: chunk_output_ref(q, k, v_new, h, g_cum, scale, cu,
-                                                                             chunk_indices=ci),
+        local_cumsum=lambda g, cu, ci: chunk_local_cumsum_ref(g, cu),
+        wy=lambda k, v, g_cum, beta, cu, ci: chunk_wy_ref(k, v, g_cum, beta, cu),
+        output=lambda q, k, v_new, h, g_cum, scale, cu, ci: chunk_output_ref(q, k, v_new, h, g_cum, scale, cu),
     )
 
 

@@ -16,12 +16,6 @@ import numpy as np
 
 # Rows per chunk: fla-core's chunked kernels are built for 64.
 CHUNK = 64
-# Longest leaf segment (a question, mostly) that runs as one chunk of its own in
-# the leaf kernel instead of the chunked pass, where it would be padded to CHUNK rows.
-LEAF_ROWS = 32
-# Programs per value head and value block of the leaf kernel at most: each takes
-# every such-th entry of the round's leaf table.
-LEAF_PROGRAMS = 128
 
 
 def chunk_layout(lengths: Sequence[int], chunk: int = CHUNK) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -44,21 +38,13 @@ def chunk_layout(lengths: Sequence[int], chunk: int = CHUNK) -> tuple[np.ndarray
     return chunks, offsets, pairs.reshape(-1, 2)
 
 
-def chunk_rows(bounds: Sequence[int], chunk: int = CHUNK, pairs=None) -> Iterator[tuple[int, int, int]]:
-    """``(chunk number, first row, end row)`` of the chunks of the sequences
-    between consecutive ``bounds`` (cu_seqlens): every chunk in order, numbered
-    from 0, or only those of a (sequence, chunk) table ``pairs`` (``[NT, 2]``, as
-    fla's ``chunk_indices``), numbered by their place in it, those past their
-    sequence's rows (padding pairs) skipped."""
+def chunk_rows(bounds: Sequence[int], chunk: int = CHUNK) -> Iterator[tuple[int, int]]:
+    """``(first row, end row)`` of every chunk of the sequences between
+    consecutive ``bounds`` (cu_seqlens), in order."""
     bounds = [int(b) for b in bounds]
-    if pairs is None:
-        pairs = [(n, c) for n in range(len(bounds) - 1) for c in range(-(-(bounds[n + 1] - bounds[n]) // chunk))]
-    else:
-        pairs = [(int(n), int(c)) for n, c in pairs.tolist()]
-    for number, (n, c) in enumerate(pairs):
-        t0 = bounds[n] + c * chunk
-        if t0 < bounds[n + 1]:
-            yield number, t0, min(t0 + chunk, bounds[n + 1])
+    for n in range(len(bounds) - 1):
+        for t0 in range(bounds[n], bounds[n + 1], chunk):
+            yield t0, min(t0 + chunk, bounds[n + 1])
 
 
 @dataclass(frozen=True)

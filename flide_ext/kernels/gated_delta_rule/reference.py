@@ -27,7 +27,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..arguments import check_heads
-from .chunks import CHUNK, LEAF_ROWS, chunk_rows
+from .chunks import CHUNK, chunk_rows
 
 
 def _prepare(q, k, v, g, beta, scale, use_qk_l2norm):
@@ -194,51 +194,6 @@ def gated_delta_rule_tree_ref(
     return out
 
 
-def gated_delta_rule_leaves_ref(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    scale: float,
-    state_pool: torch.Tensor,
-    seg_start: torch.Tensor,
-    seg_len: torch.Tensor,
-    initial_slot: torch.Tensor,
-    leaves: torch.Tensor,
-    out: torch.Tensor,
-) -> torch.Tensor:
-    """Leaf segments of at most ``LEAF_ROWS`` rows, each one chunk of
-    :func:`chunk_gated_delta_rule_ref` from ``state_pool[initial_slot]``, their
-    final states not kept.
-
-    Args:
-        q, k: ``[T, H, K]`` L2-normalised queries and keys (H divides HV).
-        v, g, beta, scale: as :func:`recurrent_gated_delta_rule_ref`.
-        state_pool: ``[N, HV, K, V]`` states (read only).
-        seg_start, seg_len, initial_slot: ``[S]`` integer segment table.
-        leaves: ``[n]`` integer indices into the segment table of the segments to
-            run; those without rows (the padding segment) are skipped.
-        out: ``[T, HV, V]``: the leaves' rows are written, the others left.
-
-    Returns:
-        ``out``.
-
-    Raises:
-        ValueError: a listed segment is longer than ``LEAF_ROWS``; HV is not a
-            multiple of H.
-    """
-    one = torch.tensor([-1])
-    for n in leaves.tolist():
-        length = int(seg_len[n])
-        if length > LEAF_ROWS:
-            raise ValueError(f"segment {n} has {length} rows; a leaf has at most {LEAF_ROWS}")
-        if length:
-            chunk_gated_delta_rule_ref(q, k, v, g, beta, scale, state_pool, seg_start[n:n + 1], seg_len[n:n + 1],
-                                       initial_slot[n:n + 1], one, use_qk_l2norm=False, out=out)
-    return out
-
-
 def chunk_states_ref(
     k: torch.Tensor,
     w: torch.Tensor,
@@ -270,9 +225,7 @@ def chunk_states_ref(
         g_cum: ``[T, HV]`` float32 log2 decay summed from each chunk's start.
         state_pool: ``[N, HV, K, V]`` states; written in place.
         cu_seqlens: ``[S+1]`` int64 sequence bounds (chunks start at each bound).
-        chunk_offsets: ``[S+1]`` int64 index of each sequence's first chunk; a
-            sequence given no chunks (a leaf for :func:`gated_delta_rule_leaves_ref`)
-            is skipped, its rows of ``v_new`` left zero.
+        chunk_offsets: ``[S+1]`` int64 index of each sequence's first chunk.
         initial_slot, final_slot: ``[S]`` int64 slots, -1 for zeros / not kept.
         chunk_size: rows per chunk.
 
@@ -288,11 +241,10 @@ def chunk_states_ref(
     NT = int(chunk_offsets[-1])
     h = torch.zeros(NT, HV, Kd, V, dtype=k.dtype, device=k.device)
     v_new = torch.zeros_like(u)
-    bounds, offsets = cu_seqlens.tolist(), chunk_offsets.tolist()
+    bounds = cu_seqlens.tolist()
     for n, (first, last) in enumerate(zip(initial_slot.tolist(), final_slot.tolist())):
         S = state_pool[first].double() if first >= 0 else torch.zeros(HV, Kd, V, dtype=torch.float64, device=k.device)
-        chunks = range(bounds[n], bounds[n + 1], chunk_size) if offsets[n + 1] > offsets[n] else ()
-        for c, t0 in enumerate(chunks):
+        for c, t0 in enumerate(range(bounds[n], bounds[n + 1], chunk_size)):
             t1 = min(t0 + chunk_size, bounds[n + 1])
             h[int(chunk_offsets[n]) + c] = S.to(h.dtype)
             kc = k[t0:t1].double().repeat_interleave(group, dim=1).transpose(0, 1)  # [HV, L, K]
@@ -307,27 +259,24 @@ def chunk_states_ref(
     return h, v_new
 
 
-def chunk_local_cumsum_ref(g: torch.Tensor, cu_seqlens: torch.Tensor, chunk_size: int = CHUNK,
-                           chunk_indices: Optional[torch.Tensor] = None) -> torch.Tensor:
+def chunk_local_cumsum_ref(g: torch.Tensor, cu_seqlens: torch.Tensor, chunk_size: int = CHUNK) -> torch.Tensor:
     """Log decay in base 2, summed from each chunk's first row (chunks start at
     each sequence bound): ``g_cum[t] = log2(e) * sum(g[c0..t])``.
 
     Args:
         g: ``[T, HV]`` natural-log gates (float32).
         cu_seqlens: ``[S+1]`` int64 sequence bounds.
-        chunk_indices: ``[NT, 2]`` (sequence, chunk) pairs to compute, as fla's
-            table (None: every chunk); rows of other chunks are zeros.
 
     Returns:
         ``[T, HV]`` float32.
     """
     out = torch.zeros(g.shape, dtype=torch.float32, device=g.device)
-    for _, t0, t1 in chunk_rows(cu_seqlens.tolist(), chunk_size, chunk_indices):
+    for t0, t1 in chunk_rows(cu_seqlens.tolist(), chunk_size):
         out[t0:t1] = (g[t0:t1].double().cumsum(0) / math.log(2)).float()
     return out
 
 
-def chunk_wy_ref(k, v, g_cum, beta, cu_seqlens, chunk_size: int = CHUNK, chunk_indices=None):
+def chunk_wy_ref(k, v, g_cum, beta, cu_seqlens, chunk_size: int = CHUNK):
     """The chunks' WY factors (Yang et al., 2024, arXiv:2406.06484, the UT
     transform): with ``A[i, j] = beta_i k_i.k_j 2**(g_i - g_j)`` for ``j < i``
     within a chunk and ``T = (I + A)^-1``, ``w = T (beta 2**g k)`` and
@@ -336,8 +285,7 @@ def chunk_wy_ref(k, v, g_cum, beta, cu_seqlens, chunk_size: int = CHUNK, chunk_i
     Args:
         k: ``[T, H, K]`` (L2-normalised) keys, H divides HV.
         v: ``[T, HV, V]``; g_cum: ``[T, HV]`` from :func:`chunk_local_cumsum_ref`;
-        beta: ``[T, HV]``; cu_seqlens: ``[S+1]`` int64; chunk_indices: as
-            :func:`chunk_local_cumsum_ref`'s (rows of chunks not listed are zeros).
+        beta: ``[T, HV]``; cu_seqlens: ``[S+1]`` int64.
 
     Returns:
         ``w`` ``[T, HV, K]`` in ``k.dtype`` and ``u`` ``[T, HV, V]`` in ``v.dtype``.
@@ -349,7 +297,7 @@ def chunk_wy_ref(k, v, g_cum, beta, cu_seqlens, chunk_size: int = CHUNK, chunk_i
     check_heads(k.shape[1], HV)
     w = torch.zeros(k.shape[0], HV, k.shape[2], dtype=k.dtype, device=k.device)
     u = torch.zeros_like(v)
-    for _, t0, t1 in chunk_rows(cu_seqlens.tolist(), chunk_size, chunk_indices):
+    for t0, t1 in chunk_rows(cu_seqlens.tolist(), chunk_size):
         kc = k[t0:t1].double().repeat_interleave(HV // k.shape[1], dim=1).transpose(0, 1)  # [HV, L, K]
         gc, bc = g_cum[t0:t1].double().t(), beta[t0:t1].double().t()  # [HV, L]
         L = t1 - t0
@@ -362,7 +310,7 @@ def chunk_wy_ref(k, v, g_cum, beta, cu_seqlens, chunk_size: int = CHUNK, chunk_i
     return w, u
 
 
-def chunk_output_ref(q, k, v_new, h, g_cum, scale, cu_seqlens, chunk_size: int = CHUNK, chunk_indices=None):
+def chunk_output_ref(q, k, v_new, h, g_cum, scale, cu_seqlens, chunk_size: int = CHUNK):
     """Chunk outputs from the states entering each chunk (Yang et al., 2024,
     arXiv:2406.06484): ``o = scale * (2**g * (q h) + ((q k^T) * D) v_new)`` with
     ``D[i, j] = 2**(g_i - g_j)`` for ``j <= i`` within the chunk, per value head.
@@ -370,9 +318,8 @@ def chunk_output_ref(q, k, v_new, h, g_cum, scale, cu_seqlens, chunk_size: int =
     Args:
         q, k: ``[T, H, K]`` (L2-normalised); v_new: ``[T, HV, V]``;
         h: ``[NT, HV, K, V]`` state entering each chunk, chunks numbered in
-            ``cu_seqlens`` order (by place in ``chunk_indices`` when given);
-        g_cum: ``[T, HV]``; scale: query scale; cu_seqlens: ``[S+1]`` int64;
-        chunk_indices: as :func:`chunk_local_cumsum_ref`'s (rows of chunks not listed are zeros).
+            ``cu_seqlens`` order; g_cum: ``[T, HV]``; scale: query scale;
+        cu_seqlens: ``[S+1]`` int64.
 
     Returns:
         ``[T, HV, V]`` in ``v_new.dtype``.
@@ -384,7 +331,7 @@ def chunk_output_ref(q, k, v_new, h, g_cum, scale, cu_seqlens, chunk_size: int =
     check_heads(k.shape[1], HV)
     group = HV // k.shape[1]
     o = torch.zeros_like(v_new)
-    for c, t0, t1 in chunk_rows(cu_seqlens.tolist(), chunk_size, chunk_indices):
+    for c, (t0, t1) in enumerate(chunk_rows(cu_seqlens.tolist(), chunk_size)):
         qc = q[t0:t1].double().repeat_interleave(group, dim=1).transpose(0, 1) * scale
         kc = k[t0:t1].double().repeat_interleave(group, dim=1).transpose(0, 1)
         gc = g_cum[t0:t1].double().t()

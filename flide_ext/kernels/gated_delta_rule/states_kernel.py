@@ -36,19 +36,13 @@ def _chunk_states_kernel(
         seq_lo = tl.load(RANGE + 2 * level)
         seq_hi = tl.load(RANGE + 2 * level + 1)
     for n in range(seq_lo + tl.program_id(1), seq_hi, tl.num_programs(1)):
-        # A sequence without chunks (a leaf the leaf kernel runs) and without a
-        # kept state has nothing here: not even its parent's state is read.
-        c0 = tl.load(CHUNK_OFFSET + n)
-        num_chunks = tl.load(CHUNK_OFFSET + n + 1) - c0
-        last = tl.load(FINAL + n)
-        if (num_chunks > 0) | (last >= 0):
-            _chunk_states_one(K, W, U, G, H_OUT, V_NEW, POOL, CU, INITIAL, n, c0, num_chunks, last,
-                              H, HV, DK, DV, BT, HALF_K, BLOCK_V, IEEE)
+        _chunk_states_one(K, W, U, G, H_OUT, V_NEW, POOL, CU, CHUNK_OFFSET, INITIAL, FINAL, n,
+                          H, HV, DK, DV, BT, HALF_K, BLOCK_V, IEEE)
 
 
 @triton.jit
 def _chunk_states_one(
-    K, W, U, G, H_OUT, V_NEW, POOL, CU, INITIAL, n, c0, num_chunks, last,
+    K, W, U, G, H_OUT, V_NEW, POOL, CU, CHUNK_OFFSET, INITIAL, FINAL, n,
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BT: tl.constexpr, HALF_K: tl.constexpr, BLOCK_V: tl.constexpr, IEEE: tl.constexpr,
 ):
@@ -63,7 +57,9 @@ def _chunk_states_one(
     v_ok = vv < DV
     bos = tl.load(CU + n)
     eos = tl.load(CU + n + 1)
+    c0 = tl.load(CHUNK_OFFSET + n)
     first = tl.load(INITIAL + n)
+    last = tl.load(FINAL + n)
     off1 = hv * DK * DV + k1[:, None] * DV + vv[None, :]
     off2 = hv * DK * DV + k2[:, None] * DV + vv[None, :]
     mask1 = ok1[:, None] & v_ok[None, :]
@@ -72,6 +68,7 @@ def _chunk_states_one(
     src = POOL + first.to(tl.int64) * HV * DK * DV
     S1 = tl.load(src + off1, mask=mask1 & (first >= 0), other=0.0).to(tl.float32)
     S2 = tl.load(src + off2, mask=mask2 & (first >= 0), other=0.0).to(tl.float32)
+    num_chunks = tl.cdiv(eos - bos, BT)
     for c in range(num_chunks):
         t0 = bos + c * BT
         rows = t0 + tl.arange(0, BT)

@@ -38,7 +38,6 @@ import torch
 from ..arguments import check_heads, check_written
 from .chunks import CHUNK, ChunkSteps
 from .fla_steps import fla_available, fla_steps
-from .leaves_kernel import gated_delta_rule_leaves_triton
 from .levels import TreeMeta, level_meta, pass_through, tree_meta
 from .recurrent_kernel import recurrent_gated_delta_rule_triton
 from .states_kernel import chunk_states_levels_triton, chunk_states_triton
@@ -160,10 +159,7 @@ def gated_delta_rule_tree_triton(
     inter-chunk kernel (:func:`chunk_states_triton`) then runs level by level,
     each level reading the slots the level before wrote, into the tree's
     chunk-state buffer. The work is fla's on the same tokens plus one inter-chunk
-    launch per extra level. With ``tables``, the short leaves the tables list
-    (:attr:`~flide_ext.kernels.tables.KernelTables.leaves`) are left out of that
-    pass and run last, each as one chunk of its own, by the leaf kernel
-    (:func:`~.leaves_kernel.gated_delta_rule_leaves_triton`).
+    launch per extra level.
 
     Every level runs chunked, short questions too: once the state-free steps are
     shared, a level's own cost is one inter-chunk launch, and running trailing
@@ -242,18 +238,11 @@ def _chunk_pass(meta: TreeMeta, steps: ChunkSteps, q, k, v, g, beta, scale, stat
 def _table_pass(tables, steps: ChunkSteps, q, k, v, g, beta, scale, state_pool, use_qk_l2norm, zero_padding):
     # Every row with the round's fixed-size tables: padding rows belong to no
     # sequence, and their outputs are set to zero (``zero_padding``) or left.
-    # The short leaves have no chunks in the tables: the chunked pass leaves
-    # their rows, which the leaf kernel then writes from the parents' states.
     def levels(k, w, u, g_cum, h, v_new):
         chunk_states_levels_triton(k, w, u, g_cum, state_pool, h, v_new, tables)
 
-    if use_qk_l2norm:
-        q, k = steps.l2norm(q), steps.l2norm(k)
-    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     o = _chunked(steps, q, k, v, g, beta, scale, tables.cu_seqlens, tables.chunk_indices,
-                 tables.chunk_indices.shape[0], False, levels)
-    gated_delta_rule_leaves_triton(q, k, v, g, beta, scale, state_pool, tables.seg_start, tables.seg_len,
-                                   tables.initial_slot, tables.leaves, o, tables.leaf_programs)
+                 tables.chunk_indices.shape[0], use_qk_l2norm, levels)
     if zero_padding:
         o = torch.where(tables.row_valid[:, None, None], o, 0)
     return o.to(v.dtype)
