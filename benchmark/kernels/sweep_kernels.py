@@ -27,7 +27,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 import traceback
@@ -42,15 +41,12 @@ from timing import device_ms, median_ms  # noqa: E402
 from workloads import WORKLOADS, attention_inputs, gdn_inputs, workload_prompts  # noqa: E402
 
 import flide_ext.kernels.fork_attention.kernel as fat  # noqa: E402
+import flide_ext.kernels.gated_delta_rule.fla_steps as gdf  # noqa: E402
 import flide_ext.kernels.gated_delta_rule.levels as gdl  # noqa: E402
 import flide_ext.kernels.gated_delta_rule.recurrent_kernel as gdr  # noqa: E402
 import flide_ext.kernels.gated_delta_rule.states_kernel as gds  # noqa: E402
 import flide_ext.kernels.gated_delta_rule.tree_kernel as gdt  # noqa: E402
 from flide_ext.plan.flat import plan_round  # noqa: E402
-
-# The module: ``import ...fla_steps as gdf`` binds the package's attribute of that
-# name, which is the ``fla_steps`` function its __init__ imports.
-gdf = importlib.import_module("flide_ext.kernels.gated_delta_rule.fla_steps")
 
 ATTENTION_CONFIGS = {
     256: [(64, 32, 8, 2, False), (64, 64, 8, 2, False), (128, 32, 8, 2, False), (64, 32, 4, 2, True),

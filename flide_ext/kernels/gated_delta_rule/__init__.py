@@ -17,8 +17,9 @@ import torch
 
 from ..arguments import argument, check_heads
 from ..dispatch import backend_for, reference_signature
+from . import fla_steps as fla  # the module: binding its function here would hide the submodule's name
 from .chunks import CHUNK, ChunkSteps
-from .fla_steps import fla_available, fla_steps
+from .fla_steps import fla_available
 from .reference import (
     chunk_gated_delta_rule_ref,
     chunk_local_cumsum_ref,
@@ -57,7 +58,7 @@ def table_steps(x: torch.Tensor) -> Optional[ChunkSteps]:
     the Triton interpreter (CPU tensors) their references; None on a GPU without
     fla-core (the levels then run one by one, from the level tables)."""
     if fla_available():
-        return fla_steps()
+        return fla.fla_steps()
     return None if x.is_cuda else reference_steps()
 
 
