@@ -261,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--sleep-on-idle", action="store_true", default=None,
                        help="an idle scheduler blocks on its socket instead of polling it (SGLang's flag; without it "
                        "the scheduler polls on a CUDA device, taking a request without a wake-up, and blocks on the CPU)")
+    serve.add_argument("--disable-overlap-schedule", action="store_true",
+                       help="run rounds one at a time (SGLang's flag; without it, on a CUDA device, the next round "
+                       "is planned and launched while the GPU computes the one before)")
     serve.add_argument("--log-level-http",
                        help="uvicorn's log level, its access log at info; also trace (default: --log-level)")
     serve.add_argument("--watchdog-timeout", type=float, metavar="S",

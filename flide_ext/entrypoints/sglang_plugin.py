@@ -12,7 +12,9 @@ dtype, device, API key, random seed, context length, served model name,
 ``--enable-deterministic-inference`` (Flide's deterministic mode,
 :mod:`flide_ext.runtime.determinism`), ``--skip-server-warmup`` (no warm-up
 rounds, :mod:`flide_ext.runtime.warmup`), ``--decode-log-interval`` (rounds per
-stats line), ``--sleep-on-idle`` (an idle scheduler blocks instead of polling), ``--enable-cache-report`` (accepted: Flide
+stats line), ``--sleep-on-idle`` (an idle scheduler blocks instead of polling),
+``--disable-overlap-schedule`` (rounds one at a time, not the next launched while
+the GPU computes the one before), ``--enable-cache-report`` (accepted: Flide
 always reports cached tokens), ``--enable-fp32-lm-head`` (accepted: Flide's readout
 logits are always float32, :mod:`flide_ext.layers.readout`), ``--watchdog-timeout`` (a round's time limit) and ``--max-queued-requests``
 (requests sent to the scheduler and not yet answered). ``--state-cache-gb``,
@@ -41,7 +43,7 @@ MAPPED = {
     "log_level", "log_level_http", "max_body_mb", "body_read_timeout",
     "watchdog_timeout", "max_queued_requests", "request_timeout", "heartbeat_timeout", "round_seconds",
     "enable_deterministic_inference", "residual_dtype", "skip_server_warmup", "decode_log_interval",
-    "sleep_on_idle",
+    "sleep_on_idle", "disable_overlap_schedule",
 }
 # Accepted without effect: every response's usage reports its cached tokens,
 # with or without --enable-cache-report; the readout's logits are float32 with or
@@ -123,6 +125,7 @@ def serve_args(args: argparse.Namespace):
         enable_deterministic_inference=bool(getattr(args, "enable_deterministic_inference", False)),
         skip_server_warmup=bool(getattr(args, "skip_server_warmup", False)),
         sleep_on_idle=bool(getattr(args, "sleep_on_idle", False)),
+        disable_overlap_schedule=bool(getattr(args, "disable_overlap_schedule", False)),
         **_capacity(args),
         **_cache(args),
         **{name: getattr(args, name) for name in ("log_level", "log_level_http") if getattr(args, name, None)},

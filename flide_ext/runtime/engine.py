@@ -14,21 +14,20 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
-from ..models.base import ForwardCancelled
 from ..protocol.errors import ModelLoadError, RequestError
 from ..protocol.token_requests import TokenAnswer, TokenRequest, check_token_request, parse_token_request
 from .capacity import RequestSize, RoundCapacity
-from .checkpoints import keep_checkpoints, plan_cached_round, round_size
+from .checkpoints import round_size
 from .state_cache import StateCache
 from .graph_capacities import GraphCapacity
+from .launched_round import LaunchedRound, complete_round, launch_round
 from .model_runner import ModelRunner, parse_dtype
-from .round_result import BatchAnswers, RoundCancelled, RoundResult, RoundStats, round_result
+from .round_result import BatchAnswers, RoundResult
 from .rounds import RoundQueue, check_per_request, queue_batch
 
 
@@ -191,56 +190,29 @@ class Engine:
                 some to make room, and marked those it matched as recently used, as
                 any round does): later rounds' answers are as without it.
         """
-        started = time.perf_counter()
-        check_per_request(over_labels, len(groups))
-        requests, prompts, labels, normalised = [], [], [], []
-        for r, (group_prompts, group_labels, *_) in enumerate(groups):
-            requests += [r] * len(group_prompts)
-            prompts += list(group_prompts)
-            labels += [list(l) for l in group_labels]
-            normalised += [bool(over_labels is not None and over_labels[r])] * len(group_prompts)
-        n = len(groups)
-        if not prompts:
-            return RoundResult([[] for _ in groups], [0] * n, [0] * n, [0] * n, RoundStats(requests=n), [None])
+        return complete_round(self.runner, launch_round(self.runner, self.cache, groups, cancelled, over_labels))
 
-        cache, cached, plan, own = plan_cached_round(self.cache, groups, self.runner.kv_pool, self.runner.plan_device)
-        readout = [row for row, mine in zip(plan.prompt_readout.tolist(), own) if mine]
-        slots, stream_rows, kept, kept_segments, kept_tokens = [], None, None, set(), {}
-        try:
-            if cache is not None:
-                stream_rows = self.runner.kv_pool.allocate(plan.num_tokens)
-                plan.assign_kv_rows(cached.prefix_rows, stream_rows, self.runner.kv_pool.scratch_row)
-            slots = self.runner.assign_slots(plan)
-            planned = time.perf_counter()
-            try:
-                out, graph = self.runner.forward(plan, cancelled)  # [>= R, hidden] on the device
-            except ForwardCancelled as cut:
-                # Its half-written rows and slots go back below; on a GPU the
-                # kernels already launched still write them, before any later
-                # round's kernels on the same stream.
-                raise RoundCancelled(n, len(prompts), plan.num_tokens, cut.layers_run, cut.layers,
-                                     time.perf_counter() - started) from None
-            launched = time.perf_counter()
-            if cache is not None:  # while the GPU computes them (a failed readout leaves them: they are computed)
-                cache.hits += len(cached.matches)  # here, not before: a cut round is no hit
-                cache.cached_tokens_total += int(cached.prefix_rows.size)
-                kept, kept_segments, kept_tokens = keep_checkpoints(cache, plan, cached, stream_rows, slots)
-            keeping = time.perf_counter() - launched
-            label_logprobs = self.runner.answers(out, readout, labels, normalised)
-            forwarded = time.perf_counter()
-        finally:
-            if stream_rows is not None:
-                self.runner.kv_pool.release(stream_rows if kept is None else stream_rows[~kept])
-            self.runner.release_slot([slot for s, slot in enumerate(slots) if slot >= 0 and s not in kept_segments])
-            if cache is not None:
-                cache.unlock(cached.nodes)
-                cache.evict()  # back within the slot budget
+    @_serialised
+    @torch.inference_mode()
+    def launch_round(self, groups: Sequence[tuple], cancelled: Optional[Callable[[], bool]] = None,
+                     over_labels: Optional[Sequence[bool]] = None) -> LaunchedRound:
+        """The first half of :meth:`run_round`: plan the round and queue its forward
+        and readout on the device without waiting for them
+        (:func:`~.launched_round.launch_round`); :meth:`complete_round` gives its
+        answers. Another round may be launched in between (the scheduler's
+        overlap): answers are as if each had run alone, in launch order.
 
-        tables, gpu = self.runner.forward_times()
-        seconds = (planned - started, forwarded - planned - keeping, time.perf_counter() - forwarded + keeping, tables, gpu)
-        return round_result(n, requests, label_logprobs, prompts, plan,
-                            [cached.resume[r].length if r in cached.resume else 0 for r in range(n)],
-                            [kept_tokens.get(r, 0) for r in range(n)], graph, seconds)
+        Raises:
+            RoundCancelled, ValueError: as :meth:`run_round`.
+        """
+        return launch_round(self.runner, self.cache, groups, cancelled, over_labels)
+
+    @_serialised
+    def complete_round(self, launched: LaunchedRound) -> RoundResult:
+        """The second half of :meth:`run_round`: wait for a launched round's
+        answers and return its rows and slots (:func:`~.launched_round.complete_round`).
+        Rounds are completed in the order they were launched."""
+        return complete_round(self.runner, launched)
 
     @_serialised
     def round_size(self, state: np.ndarray, size: RequestSize) -> RequestSize:

@@ -9,7 +9,7 @@ a round of any mix of requests replays the smallest graph that holds it, or a
 larger one whose replay was measured faster at capture
 (:func:`~.graph_capacities.faster_graphs`).
 Selective readout's final norm on the readout rows is inside the graph; the
-LM head runs after the replay (:meth:`~.model_runner.ModelRunner.answers`),
+LM head runs after the replay (:meth:`~.model_runner.ModelRunner.readout`),
 over the vocabulary for the questions that ask for it and over their labels
 alone for the others, which no fixed-shape graph could hold.
 
@@ -159,6 +159,7 @@ class GraphRunner:
         self.last_host_ms = 0.0  # host time of the last round's tables and copy (0 when it ran eagerly)
         self._events = None  # CUDA events around the last round's forward (its GPU time)
         self._keys = None
+        self._keys_copied = None  # CUDA event: the last round's key rows left the pinned buffer
         self._faster: Optional[dict] = None  # faster_graphs() of the captured graphs, made at the first pick
         self.eager = False  # every round runs eagerly while set (the warm-up's eager rounds)
         if kv_pool is not None:
@@ -180,6 +181,9 @@ class GraphRunner:
         # others (every key range is in the round's segment table).
         n = int(plan.kv_index.numel())
         device, host = self._keys
+        if self._keys_copied is not None:
+            # The round launched before may still be copying from the pinned rows.
+            self._keys_copied.synchronize()
         host[0, :n].copy_(plan.kv_index)
         host[1, :n].copy_(plan.kv_positions)
         # Row by row: each slice is contiguous, one asynchronous copy from pinned
@@ -187,6 +191,9 @@ class GraphRunner:
         # first copies into a new contiguous host tensor, not pinned.
         for row in range(2):
             device[row, :n].copy_(host[row, :n], non_blocking=device.device.type == "cuda")
+        if device.device.type == "cuda":
+            self._keys_copied = torch.cuda.Event()
+            self._keys_copied.record()
 
     def _generation(self):
         return getattr(self.state_pool, "generation", 0)
@@ -327,6 +334,8 @@ class GraphRunner:
         """
         if self._generation() != self._pool_generation:
             # The state pool grew: its tensors moved, so every graph is stale.
+            # A round launched before may still be replaying one of them.
+            torch.cuda.synchronize(self.device)
             self._graphs.clear()
             self._shaped.clear()
             self._pool_generation = self._generation()
@@ -355,6 +364,7 @@ class GraphRunner:
             entry = self._shaped.get(capacity) or self._capture(capacity, self._shaped)
             self._shaped.move_to_end(capacity)
             while len(self._shaped) > PER_SHAPE_GRAPHS:
+                torch.cuda.synchronize(self.device)  # a round launched before may be replaying it
                 self._shaped.popitem(last=False)
         else:
             entry = self._graphs.get(capacity) or self._capture(capacity)
@@ -371,15 +381,13 @@ class GraphRunner:
     def _mark(self, which: int) -> None:
         if self.device.type != "cuda":
             return
-        if self._events is None:
+        if which == 0:  # a new pair per round: an earlier round still in flight keeps its own
             self._events = tuple(torch.cuda.Event(enable_timing=True) for _ in range(2))
         self._events[which].record()
 
-    def last_gpu_ms(self) -> float:
-        """Milliseconds from the start to the end of the last round's forward on
-        the GPU's stream: a replay's kernels, or an eager forward's (its launch
-        gaps included); waits for it to end. 0.0 before any round."""
-        if self._events is None:
-            return 0.0
-        self._events[1].synchronize()
-        return self._events[0].elapsed_time(self._events[1])
+    def last_marks(self) -> tuple:
+        """``(host_ms, events)`` of the last round's forward: the host time of its
+        tables and copy (0 when it ran eagerly) and the CUDA events around it on
+        the GPU's stream (None before any round);
+        :func:`~.launched_round.span_ms` reads them."""
+        return self.last_host_ms, self._events

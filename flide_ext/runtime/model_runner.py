@@ -254,7 +254,7 @@ class ModelRunner:
     def forward(self, plan: FlatPlan, cancelled: Optional[Callable[[], bool]] = None
                 ) -> tuple[torch.Tensor, Optional[GraphCapacity]]:
         """Run a planned round (slots assigned; K/V rows assigned when the runner
-        has a K/V pool), up to the LM head: :meth:`answers` reads its output.
+        has a K/V pool), up to the LM head: :meth:`readout` reads its output.
 
         Args:
             plan: the round's plan.
@@ -278,21 +278,26 @@ class ModelRunner:
                               normed=self.model.selective_readout), None
         return self.graphs.run(plan, cancelled)
 
-    def forward_times(self) -> tuple[float, float]:
-        """``(tables, gpu)`` seconds of the last :meth:`forward`: the host's padding,
-        tables and copy of a replayed round (0 for an eager one) and the forward's
-        span on the GPU (:meth:`~.graph_runner.GraphRunner.last_gpu_ms`); zeros
-        without graphs (CPU). Waits for the forward to end."""
+    def forward_marks(self) -> tuple:
+        """``(tables_seconds, events)`` of the last :meth:`forward`: the host's
+        padding, tables and copy of a replayed round (0 for an eager one) and the
+        CUDA events around the forward on the GPU's stream, which
+        :func:`~.launched_round.span_ms` reads; ``(0.0, None)`` without graphs (CPU).
+        Taken right after the forward, before another round's."""
         if self.graphs is None:
-            return 0.0, 0.0
-        return self.graphs.last_host_ms / 1e3, self.graphs.last_gpu_ms() / 1e3
+            return 0.0, None
+        host_ms, events = self.graphs.last_marks()
+        return host_ms / 1e3, events
 
-    def answers(self, out: torch.Tensor, rows: Sequence[int], labels: Sequence[Sequence[int]],
-                over_labels: Sequence[bool]) -> list:
-        """Per prompt, the log-probabilities of its labels (Python floats; only
-        those leave the device): over the whole vocabulary (the LM head's full
-        product and log-softmax), or, where ``over_labels`` says so, over its
-        labels alone (only their logits: :func:`~flide_ext.layers.readout.normalised_over_labels`).
+    def readout(self, out: torch.Tensor, rows: Sequence[int], labels: Sequence[Sequence[int]],
+                over_labels: Sequence[bool]) -> "Readout":
+        """Queue a round's readout on the device behind its forward and its copy
+        to the host, without waiting: per prompt, the log-probabilities of its
+        labels over the whole vocabulary (the LM head's full product and
+        log-softmax), or, where ``over_labels`` says so, over its labels alone
+        (only their logits: :func:`~flide_ext.layers.readout.normalised_over_labels`).
+        :func:`collect` waits for them. A later round's forward may be queued
+        meanwhile: it writes ``out`` only after these reads, on the same stream.
 
         Args:
             out: :meth:`forward`'s output for the round.
@@ -307,32 +312,61 @@ class ModelRunner:
         flat = [label for ids in labels for label in ids]
         if flat and (min(flat) < 0 or max(flat) >= vocab):  # C loops: a round may hold thousands
             raise ValueError(f"label token ids must be integers in [0, {vocab})")
+        parts = []
         if not self.model.selective_readout:  # ``out`` holds the log-probabilities already
-            values = _gather(out, rows, labels)
-            return [normalised_over_labels(v) if own else v for v, own in zip(values, over_labels)]
-        answers: list = [None] * len(rows)
+            parts.append((list(range(len(rows))), _picked(out, rows, labels), over_labels))
+            return Readout(len(rows), labels, parts, _recorded(out.device))
         full = [i for i, own in enumerate(over_labels) if not own]
         mine = [i for i, own in enumerate(over_labels) if own]
         if full:
             picked = torch.tensor([rows[i] for i in full], dtype=torch.long).to(out.device, non_blocking=True)
             logprobs = self.model.head_logprobs(out.index_select(0, picked))
-            for i, values in zip(full, _gather(logprobs, range(len(full)), [labels[i] for i in full])):
-                answers[i] = values
+            parts.append((full, _picked(logprobs, range(len(full)), [labels[i] for i in full]), [False] * len(full)))
         if mine:
             pairs = torch.tensor([[rows[i] for i in mine for _ in labels[i]], [l for i in mine for l in labels[i]]],
                                  dtype=torch.long).to(out.device, non_blocking=True)
-            logits = self.model.label_logits(out, pairs[0], pairs[1]).tolist()
-            for i, values in zip(mine, _by_prompt(logits, [labels[i] for i in mine])):
-                answers[i] = normalised_over_labels(values)
-        return answers
+            logits = self.model.label_logits(out, pairs[0], pairs[1])
+            parts.append((mine, logits.to("cpu", non_blocking=True), [True] * len(mine)))
+        return Readout(len(rows), labels, parts, _recorded(out.device))
 
 
-def _gather(logprobs: torch.Tensor, rows: Sequence[int], labels: Sequence[Sequence[int]]) -> list:
-    # Per prompt, the values of its labels in its row of ``logprobs`` [>= R, vocab], as Python floats.
+class Readout:
+    """A round's readout queued on the device (:meth:`ModelRunner.readout`):
+    per part, the prompts it answers, their label values on their way to the
+    host (flat, prompt by prompt) and whether each is normalised over its labels."""
+
+    def __init__(self, prompts: int, labels, parts: list, copied):
+        self.prompts, self.labels, self.parts, self.copied = prompts, labels, parts, copied
+
+
+def collect(readout: Readout) -> list:
+    """Wait for a :class:`Readout` and return, per prompt, its labels'
+    log-probabilities as Python floats."""
+    if readout.copied is not None:
+        readout.copied.synchronize()
+    answers: list = [None] * readout.prompts
+    for prompts, values, normalised in readout.parts:
+        for i, v, own in zip(prompts, _by_prompt(values.tolist(), [readout.labels[i] for i in prompts]), normalised):
+            answers[i] = normalised_over_labels(v) if own else v
+    return answers
+
+
+def _recorded(device: torch.device):
+    # A CUDA event behind the copies just queued (None on the CPU, where they are done).
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+def _picked(logprobs: torch.Tensor, rows: Sequence[int], labels: Sequence[Sequence[int]]) -> torch.Tensor:
+    # The values of each prompt's labels in its row of ``logprobs`` [>= R, vocab],
+    # flat, prompt by prompt, on their way to the host (pinned, not waited for).
     flat_rows = [row for row, ids in zip(rows, labels) for _ in ids]
     flat_ids = [i for ids in labels for i in ids]
     index = torch.tensor([flat_rows, flat_ids], dtype=torch.long).to(logprobs.device, non_blocking=True)
-    return _by_prompt(logprobs[index[0], index[1]].tolist(), labels)
+    return logprobs[index[0], index[1]].to("cpu", non_blocking=True)
 
 
 def _by_prompt(values: list, labels: Sequence[Sequence[int]]) -> list:

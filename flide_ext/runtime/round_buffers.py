@@ -120,6 +120,7 @@ class RoundBuffers:
         self._host = self._device = None
         self._views: dict = {}
         self._host_views: dict = {}
+        self._copied = None  # CUDA event: the last write's copy has left the pinned buffer
 
     def write(self, plan: FlatPlan, tables: Optional[dict] = None, with_levels: bool = True) -> FlatPlan:
         """Copy ``plan`` (host tensors) and ``tables`` (:func:`~flide_ext.kernels.tables.build_tables`
@@ -152,6 +153,7 @@ class RoundBuffers:
                         self._host_views[name] = (view, True)
         elif layout != self._layout:
             raise ValueError("a round's tensors do not match the buffers' layout")
+        self._wait_copied()
         for name, (view, as_bytes) in self._host_views.items():
             t = named[name]
             view[...] = (t.reshape(-1).view(torch.uint8) if as_bytes else t).numpy()
@@ -181,6 +183,7 @@ class RoundBuffers:
                 values[name] = (t, size, fill)
         if values.keys() != self._host_views.keys():
             raise ValueError("a round's tensors do not match the buffers' layout")
+        self._wait_copied()
         for name, (view, as_bytes) in self._host_views.items():
             t, size, fill = values[name]
             n = t.numel()
@@ -191,14 +194,21 @@ class RoundBuffers:
             flat[n:] = fill
         self._copy_in()
 
+    def _wait_copied(self) -> None:
+        # The pinned buffer is about to be overwritten: the last write's copy out
+        # of it must have run (a round launched before this one may still be
+        # waiting for the GPU, :mod:`~flide_ext.runtime.round_launch`).
+        if self._copied is not None:
+            self._copied.synchronize()
+            self._copied = None
+
     def _copy_in(self) -> None:
         if self.device.type == "cpu":
             self._device.copy_(self._host)
         else:
-            # The pinned buffer is reused by the next write: the copy must have
-            # finished before it is overwritten, which the round's readout
-            # (a device-to-host copy on the same stream) guarantees.
             self._device.copy_(self._host, non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record()
 
     def _device_plan(self, plan: FlatPlan, tables: Optional[dict], with_levels: bool) -> FlatPlan:
         v = self._views

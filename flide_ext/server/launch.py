@@ -81,6 +81,7 @@ class ServeArgs:
     skip_server_warmup: bool = False  # SGLang's: no warm-up rounds at start (they run on CUDA devices only)
     decode_log_interval: int = 40  # SGLang's (its default): rounds per stats line
     sleep_on_idle: bool = False  # SGLang's: an idle scheduler blocks on its socket (else it polls, on CUDA devices)
+    disable_overlap_schedule: bool = False  # SGLang's: rounds one at a time (else, on CUDA, the next is launched meanwhile)
 
 
 def serve(args: ServeArgs) -> None:
@@ -158,6 +159,7 @@ def serve(args: ServeArgs) -> None:
                     round_seconds=limits["round_seconds"], log_interval=limits["decode_log_interval"],
                     warmup=False if args.skip_server_warmup else None,
                     sleep_on_idle=True if args.sleep_on_idle else None,
+                    overlap=False if args.disable_overlap_schedule else None,
                     heartbeat_interval=heartbeat_interval(limits["heartbeat_timeout"])),
         daemon=True,
     )

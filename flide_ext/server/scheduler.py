@@ -8,8 +8,13 @@ arrived meanwhile. Each request counts what it would compute then: its prefix
 tree less the state it resumes from the cache (``Engine.round_size``), so agents
 whose long histories are cached step together; it is measured when it arrives
 and again whenever the cache changes (after a round or a flush). Each round is
-one flat stream (``Engine.run_round``); every request resumes from the engine's
-state cache and leaves its state there.
+one flat stream; every request resumes from the engine's state cache and
+leaves its state there. A round is launched (``Engine.launch_round``: planned,
+its forward and readout queued on the device) before the round in flight is
+completed (``Engine.complete_round``: its answers read back and sent), so the
+host's plan, tables and launches of one round run while the GPU computes the
+one before (SGLang's overlap schedule; ``--disable-overlap-schedule`` runs them
+one at a time). With nothing waiting, the round in flight is completed at once.
 
 A round may also be held to a time budget (``--round-seconds``,
 :class:`~flide_ext.runtime.rounds.RoundPace`): it takes the first waiting
@@ -60,7 +65,7 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
                   heartbeat_addr: Optional[str] = None, heartbeat_interval: float = 1.0,
                   round_seconds: Optional[float] = None, abort_addr: Optional[str] = None,
                   warmup: Optional[bool] = None, log_interval: int = 40,
-                  sleep_on_idle: Optional[bool] = None) -> None:
+                  sleep_on_idle: Optional[bool] = None, overlap: Optional[bool] = None) -> None:
     """Process entry point: load the model, then serve rounds forever.
 
     Args:
@@ -91,6 +96,12 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
             comes, without a wake-up, as SGLang's scheduler polls unless
             ``--sleep-on-idle``); None: poll on a CUDA device, block on the CPU
             (where a polling process would take a core from the rounds).
+        overlap: launch the next round before completing the one in flight
+            (SGLang's overlap schedule; False is its ``--disable-overlap-schedule``):
+            the host plans and launches it while the GPU computes
+            (:mod:`~flide_ext.runtime.launched_round`); None: on a CUDA device
+            only (on the CPU a launch computes the whole forward, so the round
+            in flight would only answer later).
     """
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -157,8 +168,31 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
                 done.send_pyobj(ScoreDone(w.rid, error=e.message, error_field=e.field))
 
     spin = not sleep_on_idle if sleep_on_idle is not None else engine.device.type == "cuda"
+    overlap = overlap if overlap is not None else engine.device.type == "cuda"
+    flight: Optional[_Flight] = None  # the round launched last, not yet completed
+    last_done = time.perf_counter()
+
+    def complete() -> None:
+        # Wait for the round in flight, send its answers, log it.
+        nonlocal flight, last_done
+        f, flight = flight, None
+        try:
+            with clock.running():
+                result = engine.complete_round(f.launched)
+        except Exception:
+            _failed(f.batch, done)
+            return
+        now = time.perf_counter()
+        if pace is not None:  # the time it had the GPU to itself, not its wait behind the round before
+            pace.observe(result.stats.stream_tokens, now - max(f.started, last_done))
+        last_done = now
+        _answer(f, result, engine.cache_stats(), done)
+        seconds = time.perf_counter() - f.started
+        log_round(result, seconds - result.stats.plan_seconds - result.stats.forward_seconds, len(waiting))
+        stats_log.add(result, seconds, len(waiting))
+
     while True:
-        if not len(waiting):
+        if not len(waiting) and flight is None:
             # The parent watch (liveness) ends this process if the server goes.
             if spin:
                 while not work.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # no poller made per look
@@ -175,6 +209,8 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
                 withdrawn.add(w.rid)
                 continue
             if isinstance(w, FlushCache):  # between two rounds: none is running
+                if flight is not None:
+                    complete()
                 with clock.running():  # the watchdog's too
                     flushed = _flush(engine, w)
                 done.send_pyobj(flushed)
@@ -188,41 +224,67 @@ def run_scheduler(engine_kwargs: dict, work_addr: str, done_addr: str, capacity:
             gone = waiting.remove(lambda w: w.rid in withdrawn)
             logger.debug("withdrew %d of %d abandoned requests before their round", len(gone), len(withdrawn))
         batch = waiting.next_round(pace.budget() if pace is not None else None)
-        if not batch:
-            continue
-        try:
-            started, started_at = time.perf_counter(), time.time()
-            withdrawals.start_round(w.rid for w in batch)
-            with clock.running():
-                result = engine.run_round([(w.prompts, w.labels, w.state) for w in batch], withdrawals.all_gone,
-                                          over_labels=[w.over_labels for w in batch])
-            if pace is not None:
-                pace.observe(result.stats.stream_tokens, time.perf_counter() - started)
-            stats = engine.cache_stats()
-            rs = result.stats
-            finish = time.perf_counter() - started - rs.plan_seconds - rs.forward_seconds
-            for w, logprobs, stream, cached in zip(batch, result.answers, result.stream_tokens, result.resumed_tokens):
-                # Queued since the manager sent it (its socket's wait included): one
-                # machine's wall clock across the two processes.
-                stages = {"queue": max(0.0, started_at - w.sent), "plan": rs.plan_seconds,
-                          "forward": rs.forward_seconds, "finish": finish}
-                # cached_tokens as prompt_tokens, summed over the request's prompts:
-                # each one's first ``cached`` tokens came from the cache.
-                done.send_pyobj(ScoreDone(w.rid, logprobs, stream, len(batch), cached * len(w.prompts), cache=stats,
-                                          stages=stages))
-            # Once the answers are on their way.
-            log_round(result, finish, len(waiting))
-            stats_log.add(result, time.perf_counter() - started, len(waiting))
-        except RoundCancelled as cut:
-            done.send_pyobj(RoundCut([w.rid for w in batch], engine.cache_stats()))
-            log_cut(cut, len(waiting))
-        except Exception:
-            message = traceback.format_exc(limit=3)
-            logger.error("round of %d requests failed: %s rid=%s", len(batch), message,
-                         ",".join(w.request_id for w in batch))
-            for w in batch:
-                done.send_pyobj(ScoreDone(w.rid, error="the round failed inside the engine"))
-        remeasure()
+        # The next round is launched before the one in flight is completed: its
+        # plan, tables and launches run while the GPU computes the one before.
+        launched = _launch(engine, batch, withdrawals, clock, done, len(waiting)) if batch else None
+        changed = bool(batch) or flight is not None
+        if flight is not None:
+            complete()
+        flight = launched
+        if flight is not None and not overlap:
+            complete()
+        if changed:  # a round launched (its checkpoints are in the cache) or completed (evicted)
+            remeasure()
+
+
+class _Flight:
+    """A launched round's requests and start."""
+
+    def __init__(self, batch: list, launched, started: float, started_at: float):
+        self.batch, self.launched, self.started, self.started_at = batch, launched, started, started_at
+
+
+def _launch(engine, batch: list, withdrawals: Withdrawals, clock: RoundClock, done,
+            waiting: int) -> Optional[_Flight]:
+    # Launch a round of ``batch``; a round cut or failed before its forward is
+    # queued is answered here (None).
+    started, started_at = time.perf_counter(), time.time()
+    withdrawals.start_round(w.rid for w in batch)
+    try:
+        with clock.running():
+            launched = engine.launch_round([(w.prompts, w.labels, w.state) for w in batch], withdrawals.all_gone,
+                                           over_labels=[w.over_labels for w in batch])
+    except RoundCancelled as cut:
+        done.send_pyobj(RoundCut([w.rid for w in batch], engine.cache_stats()))
+        log_cut(cut, waiting)
+        return None
+    except Exception:
+        _failed(batch, done)
+        return None
+    return _Flight(batch, launched, started, started_at)
+
+
+def _answer(flight: _Flight, result, cache: dict, done) -> None:
+    # Each request's answer, with its stages: queued since the manager sent it
+    # (its socket's wait included; one machine's wall clock across the two
+    # processes), then the round's plan, forward and finish.
+    rs = result.stats
+    finish = time.perf_counter() - flight.started - rs.plan_seconds - rs.forward_seconds
+    for w, logprobs, stream, cached in zip(flight.batch, result.answers, result.stream_tokens,
+                                           result.resumed_tokens):
+        stages = {"queue": max(0.0, flight.started_at - w.sent), "plan": rs.plan_seconds,
+                  "forward": rs.forward_seconds, "finish": finish}
+        # cached_tokens as prompt_tokens, summed over the request's prompts:
+        # each one's first ``cached`` tokens came from the cache.
+        done.send_pyobj(ScoreDone(w.rid, logprobs, stream, len(flight.batch), cached * len(w.prompts), cache=cache,
+                                  stages=stages))
+
+
+def _failed(batch: list, done) -> None:
+    message = traceback.format_exc(limit=3)
+    logger.error("round of %d requests failed: %s rid=%s", len(batch), message, ",".join(w.request_id for w in batch))
+    for w in batch:
+        done.send_pyobj(ScoreDone(w.rid, error="the round failed inside the engine"))
 
 
 def _flush(engine, work: FlushCache) -> FlushCacheDone:

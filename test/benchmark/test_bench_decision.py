@@ -107,3 +107,21 @@ def test_profile_round_smoke(tmp_path):
     assert report["workload"] == "agent 200+70" and 300 < report["stream_tokens"] <= 340 - 256 + 10 * 30
     bad = main_in_process(_script_main("profile_round"), "--model", "tiny-qwen3.5", "--device", "cpu", "--agent", "8k")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--agent" in bad.stderr
+
+
+def test_bench_overlap_smoke(tmp_path):
+    """benchmark/bench_overlap.py on CPU: the same rounds one at a time and
+    overlapped, every answer compared (none differs), both rates recorded."""
+    out = tmp_path / "o.json"
+    run = main_in_process(_script_main("bench_overlap"), "--model", "tiny-qwen3.5", "--device", "cpu", "--dtype",
+                          "float32", "--workload", "multirc:3", "race_single:2:3", "--rounds", "2", "--passes", "1",
+                          "--out", str(out))
+    assert run.returncode == 0, run.stderr[-2000:]
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["workload"], r["requests"], r["rounds"]) for r in runs] == [("multirc", 3, 2), ("race_single", 2, 3)]
+    for r in runs:
+        assert r["rounds_differing"] == 0
+        assert all(r["questions_per_s"][k] > 0 for k in ("one_at_a_time", "overlapped"))
+    for bad_args in (["--passes", "0"], ["--workload", "race:0"], ["--workload", "nope"], ["--model", "gpt-5"]):
+        bad = main_in_process(_script_main("bench_overlap"), "--device", "cpu", *bad_args)
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, (bad_args, bad.stderr)

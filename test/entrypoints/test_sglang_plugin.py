@@ -250,22 +250,24 @@ def test_liveness_and_queue_flags_reach_the_server():
     args = parser.parse_args(["--model-path", "m", "--device", "cpu", "--watchdog-timeout", "7.5",
                               "--max-queued-requests", "5", "--request-timeout", "3", "--heartbeat-timeout", "4",
                               "--round-seconds", "0.25", "--decode-log-interval", "7", "--skip-server-warmup",
-                              "--sleep-on-idle"])
+                              "--sleep-on-idle", "--disable-overlap-schedule"])
     assert refused_flags(args) == []
     mapped = serve_args(args)
     assert _limits(mapped) == {"watchdog_timeout": 7.5, "max_queued_requests": 5, "request_timeout": 3.0,
                                "heartbeat_timeout": 4.0, "round_seconds": 0.25, "decode_log_interval": 7}
     assert mapped.skip_server_warmup is True and mapped.sleep_on_idle is True
+    assert mapped.disable_overlap_schedule is True
     plain = serve_args(parser.parse_args(["--model-path", "m", "--device", "cpu"]))
     assert (parser.get_default("watchdog_timeout"), parser.get_default("max_queued_requests")) == \
         (ServeArgs.watchdog_timeout, ServeArgs.max_queued_requests) == (300, None)
     assert (parser.get_default("decode_log_interval"), parser.get_default("skip_server_warmup")) == \
         (ServeArgs.decode_log_interval, ServeArgs.skip_server_warmup) == (40, False)
     assert parser.get_default("sleep_on_idle") is ServeArgs.sleep_on_idle is False
+    assert parser.get_default("disable_overlap_schedule") is ServeArgs.disable_overlap_schedule is False
     assert plain == replace(plain, **{k: getattr(ServeArgs("m"), k) for k in
                                       ("watchdog_timeout", "max_queued_requests", "request_timeout",
                                        "heartbeat_timeout", "round_seconds", "decode_log_interval",
-                                       "skip_server_warmup", "sleep_on_idle")})
+                                       "skip_server_warmup", "sleep_on_idle", "disable_overlap_schedule")})
 
 
 def test_deterministic_flag_reaches_the_engine():
