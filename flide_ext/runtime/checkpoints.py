@@ -15,7 +15,7 @@ checkpoint position they change no bit of what follows.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -161,11 +161,14 @@ def plan_with_cuts(groups, cached: CacheRound, device):
     return plan, own
 
 
-def plan_cached_round(cache: Optional[StateCache], groups, kv_pool, device):
+def plan_cached_round(cache: Optional[StateCache], groups, kv_pool, device,
+                      settle: Optional[Callable[[], bool]] = None):
     """The round's plan over the state cache: each request resumes from its
     longest checkpoint, whose nodes are locked (the caller unlocks
     ``cached.nodes``), and the cache is evicted until ``kv_pool`` has the
-    stream's rows. A round larger than the pool's working rows (beyond the round
+    stream's rows. When the pool is still short and ``settle`` completes rounds
+    in flight (their rows come back, their locks go), the cache is evicted
+    again. A round larger than the pool's working rows (beyond the round
     capacity, run directly) runs as with the cache off.
 
     Args:
@@ -173,6 +176,8 @@ def plan_cached_round(cache: Optional[StateCache], groups, kv_pool, device):
         groups: per request ``(prompts, labels)``.
         kv_pool: the :class:`~.kv_pool.KVPool` the cache's rows are in.
         device: where the plan is built.
+        settle: completes the rounds launched and not yet completed; true when
+            there were any (None: there are none).
 
     Returns:
         ``(cache, cached, plan, own)``: the cache the round uses (None: off or
@@ -183,6 +188,8 @@ def plan_cached_round(cache: Optional[StateCache], groups, kv_pool, device):
     if cache is not None:
         cache.lock(cached.nodes)
         cache.evict(rows_needed=plan.num_tokens)
+        if kv_pool.num_free < plan.num_tokens and settle is not None and settle():
+            cache.evict(rows_needed=plan.num_tokens)
         if kv_pool.num_free < plan.num_tokens:
             cache.unlock(cached.nodes)
             cache, cached = None, CacheRound()

@@ -132,6 +132,9 @@ class Engine:
             self.cache = StateCache(self.runner.kv_pool, release, self.runner.cache_slots, self.runner.slot_bytes,
                                     self.runner.cache_rows)
         self._lock = threading.RLock()
+        self._in_flight: list[LaunchedRound] = []  # launched, not yet completed, in launch order
+        #: Launches that completed the rounds in flight first (their pools were short).
+        self.settled_launches = 0
 
     # The model runner's parts: its Flide model, its GraphRunner (None on the CPU)
     # and its GDN StatePool (None without GDN layers).
@@ -190,7 +193,7 @@ class Engine:
                 some to make room, and marked those it matched as recently used, as
                 any round does): later rounds' answers are as without it.
         """
-        return complete_round(self.runner, launch_round(self.runner, self.cache, groups, cancelled, over_labels))
+        return self.complete_round(self.launch_round(groups, cancelled, over_labels))
 
     @_serialised
     @torch.inference_mode()
@@ -202,17 +205,39 @@ class Engine:
         answers. Another round may be launched in between (the scheduler's
         overlap): answers are as if each had run alone, in launch order.
 
+        A launch short of K/V rows or state slots for want of those the rounds
+        in flight hold completes them first (their results are kept for
+        :meth:`complete_round`): it then resumes from the cache and the pools do
+        not grow, as with rounds one at a time.
+
         Raises:
             RoundCancelled, ValueError: as :meth:`run_round`.
         """
-        return launch_round(self.runner, self.cache, groups, cancelled, over_labels)
+        launched = launch_round(self.runner, self.cache, groups, cancelled, over_labels, self._settle)
+        if launched.done is None:
+            self._in_flight.append(launched)
+        return launched
 
     @_serialised
     def complete_round(self, launched: LaunchedRound) -> RoundResult:
         """The second half of :meth:`run_round`: wait for a launched round's
         answers and return its rows and slots (:func:`~.launched_round.complete_round`).
-        Rounds are completed in the order they were launched."""
+        Rounds are completed in the order they were launched; completing one
+        again returns the same result (or raises the same error)."""
+        self._in_flight = [f for f in self._in_flight if f is not launched]
         return complete_round(self.runner, launched)
+
+    def _settle(self) -> bool:
+        # Complete every round in flight, in launch order; a failure stays with
+        # its round (LaunchedRound.error) and reaches whoever completes it.
+        flights, self._in_flight = self._in_flight, []
+        for launched in flights:
+            try:
+                complete_round(self.runner, launched)
+            except Exception:
+                pass
+        self.settled_launches += bool(flights)
+        return bool(flights)
 
     @_serialised
     def round_size(self, state: np.ndarray, size: RequestSize) -> RequestSize:

@@ -12,6 +12,9 @@ launches. Two launched rounds never conflict:
   only after the earlier readout has read them;
 * each holds its own K/V rows and state slots until its completion, and the
   cache nodes it resumes from stay locked until then, so no eviction frees them;
+  a launch short of rows or slots for want of those the rounds in flight hold
+  first completes them (``settle``), as one-at-a-time rounds would have, rather
+  than run without the cache or grow the pools;
 * pinned host buffers reused from round to round are rewritten only after the
   copy out of them has run (:class:`~.round_buffers.RoundBuffers`).
 
@@ -41,11 +44,14 @@ class LaunchedRound:
 
     Attributes:
         n: requests in the round.
-        done: the result of a round with nothing to compute (no prompts), else None.
+        done: its result once completed (at launch for a round with nothing to
+            compute), else None.
+        error: what its completion raised, raised again by a later completion.
     """
 
     n: int
     done: Optional[RoundResult] = None
+    error: Optional[BaseException] = None
     requests: list = field(default_factory=list)
     prompts: list = field(default_factory=list)
     plan: object = None
@@ -64,10 +70,13 @@ class LaunchedRound:
 
 def launch_round(runner: ModelRunner, cache: Optional[StateCache], groups: Sequence[tuple],
                  cancelled: Optional[Callable[[], bool]] = None,
-                 over_labels: Optional[Sequence[bool]] = None) -> LaunchedRound:
+                 over_labels: Optional[Sequence[bool]] = None,
+                 settle: Optional[Callable[[], bool]] = None) -> LaunchedRound:
     """Plan a round over the state cache, queue its forward and readout on the
     device and keep its requests' checkpoints, without waiting for the GPU.
-    Arguments as :meth:`~.engine.Engine.run_round`'s.
+    Arguments as :meth:`~.engine.Engine.run_round`'s, and ``settle``: completes
+    the rounds in flight and says whether there were any, called when the K/V
+    pool or the state pool is short of what the round needs (None: never).
 
     Raises:
         RoundCancelled: ``cancelled()`` was true (rows and slots are free again).
@@ -86,14 +95,14 @@ def launch_round(runner: ModelRunner, cache: Optional[StateCache], groups: Seque
     if not prompts:
         return LaunchedRound(n, done=RoundResult([[] for _ in groups], [0] * n, [0] * n, [0] * n,
                                                  RoundStats(requests=n), [None]))
-    cache, cached, plan, own = plan_cached_round(cache, groups, runner.kv_pool, runner.plan_device)
+    cache, cached, plan, own = plan_cached_round(cache, groups, runner.kv_pool, runner.plan_device, settle)
     launched = LaunchedRound(n, requests=requests, prompts=prompts, plan=plan, cache=cache, cached=cached)
     try:
         rows = [row for row, mine in zip(plan.prompt_readout.tolist(), own) if mine]
         if cache is not None:
             launched.stream_rows = runner.kv_pool.allocate(plan.num_tokens)
             plan.assign_kv_rows(cached.prefix_rows, launched.stream_rows, runner.kv_pool.scratch_row)
-        launched.slots = runner.assign_slots(plan)
+        launched.slots = runner.assign_slots(plan, settle)
         planned = time.perf_counter()
         try:
             out, launched.graph = runner.forward(plan, cancelled)  # [>= R, hidden] on the device
@@ -123,14 +132,22 @@ def complete_round(runner: ModelRunner, launched: LaunchedRound) -> RoundResult:
     checkpoints keep stay taken), unlock what it resumed from and evict the
     cache back within its budget.
 
+    A round completes once: a later call returns the same result (or raises
+    the same error) and returns nothing to the pools again.
+
     Returns:
         The round's :class:`~.round_result.RoundResult`.
     """
     if launched.done is not None:
         return launched.done
+    if launched.error is not None:
+        raise launched.error
     waiting = time.perf_counter()
     try:
         label_logprobs = collect(launched.readout)
+    except BaseException as e:
+        launched.error = e
+        raise
     finally:
         collected = time.perf_counter()
         _release(runner, launched)
@@ -138,9 +155,10 @@ def complete_round(runner: ModelRunner, launched: LaunchedRound) -> RoundResult:
     seconds = (plan_s, forward_s + collected - waiting, finish_s + time.perf_counter() - collected,
                launched.marks[0], span_ms(launched.marks[1]) / 1e3)
     cached = launched.cached
-    return round_result(launched.n, launched.requests, label_logprobs, launched.prompts, launched.plan,
+    launched.done = round_result(launched.n, launched.requests, label_logprobs, launched.prompts, launched.plan,
                         [cached.resume[r].length if r in cached.resume else 0 for r in range(launched.n)],
                         [launched.kept_tokens.get(r, 0) for r in range(launched.n)], launched.graph, seconds)
+    return launched.done
 
 
 def _release(runner: ModelRunner, launched: LaunchedRound) -> None:

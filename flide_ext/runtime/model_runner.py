@@ -236,9 +236,16 @@ class ModelRunner:
         if self.state_pool is not None:
             self.state_pool.release(slots)
 
-    def assign_slots(self, plan: FlatPlan) -> list[int]:
+    def assign_slots(self, plan: FlatPlan, settle: Optional[Callable[[], bool]] = None) -> list[int]:
         """Give the segments whose final state someone reads a state slot: the
         parents (a state cut into tiers at checkpoints makes each tier a parent).
+
+        Args:
+            plan: the round's plan.
+            settle: called first when the pool has too few free slots: completes
+                the rounds in flight, so that their slots come back before the
+                pool grows (growing replaces its tensors: graphs are captured
+                again). None: never.
 
         Returns:
             Per real segment its slot, -1 for none (empty for models without GDN layers).
@@ -246,6 +253,8 @@ class ModelRunner:
         if self.state_pool is None:
             return []
         needed = {seg.parent for seg in plan.tree.segments if seg.parent >= 0}
+        if settle is not None and self.state_pool.num_free < len(needed):
+            settle()
         taken = iter(self.state_pool.allocate(len(needed)))
         slots = [next(taken) if s in needed else -1 for s in range(plan.num_segments)]
         plan.assign_slots(slots)

@@ -44,6 +44,11 @@ class StatePool:
     def capacity(self) -> int:
         return self.recurrent[0].shape[0] if self.recurrent else 0
 
+    @property
+    def num_free(self) -> int:
+        """Slots free now (the pool grows beyond them on demand)."""
+        return len(self.free)
+
     def allocate(self, n: int) -> list[int]:
         """Take ``n`` free slots (growing the pool if needed)."""
         while len(self.free) < n:

@@ -2,7 +2,8 @@
 while another is in flight, as the scheduler's overlap runs them, gives every
 question the bits it gets from rounds run one at a time; the later round
 resumes from the checkpoints the earlier one keeps; pools and cache locks come
-back as after sequential rounds, also when a launch fails between the two."""
+back as after sequential rounds, also when a launch fails between the two; a
+launch short of K/V rows or GDN slots completes the round in flight first."""
 
 from __future__ import annotations
 
@@ -96,3 +97,66 @@ def test_run_round_is_launch_then_complete(tiny_dirs):
     assert stats.plan_seconds > 0 and stats.forward_seconds > 0 and stats.finish_seconds > 0
     empty = engine.complete_round(engine.launch_round([([], [])]))
     assert empty.answers == [[]] and empty.stats.requests == 1
+
+
+def _pair(rounds, engine_of):
+    # The same two rounds on two fresh engines: one at a time, then the second
+    # launched while the first is in flight.
+    sequential = engine_of()
+    want = [sequential.run_round(groups) for groups in rounds]
+    overlapped = engine_of()
+    first = overlapped.launch_round(rounds[0])
+    second = overlapped.launch_round(rounds[1])
+    got = [overlapped.complete_round(first), overlapped.complete_round(second)]
+    return sequential, want, overlapped, got
+
+
+def test_a_launch_short_of_rows_completes_the_round_in_flight(tiny_dirs):
+    """A small cache mostly held by the round in flight: the next round, whose
+    agents resume 896 cached tokens each, would find too few free K/V rows and
+    run without the cache (far past the round capacity); it completes the
+    round in flight first and resumes as one-at-a-time rounds do. Completing a
+    round again returns its result and returns no row twice."""
+    from flide_ext.runtime.capacity import RoundCapacity
+
+    rng = random.Random(1)
+    tokens = lambda n: [rng.randrange(500) for _ in range(n)]  # noqa: E731
+    agents, passage = [tokens(900) for _ in range(3)], tokens(330)
+    questions = [tokens(95) for _ in range(10)]
+
+    def engine_of():
+        engine = Engine(str(tiny_dirs["llama"]), state_cache_bytes=3008 * 512, round_capacity=RoundCapacity(tokens=1024))
+        for history in agents + [passage]:
+            engine.run_round([([history + [1]], [LABELS])])
+        return engine
+
+    rounds = [[([passage + q for q in questions], [LABELS] * 10)],
+              [([history + [2] * 35], [LABELS]) for history in agents]]
+    sequential, want, overlapped, got = _pair(rounds, engine_of)
+    assert want[1].resumed_tokens == [896, 896, 896]
+    for g, w in zip(got, want):
+        assert g.answers == w.answers
+        assert g.resumed_tokens == w.resumed_tokens and g.stream_tokens == w.stream_tokens
+    assert overlapped.settled_launches == 1 and sequential.settled_launches == 0
+    assert _pools(overlapped) == _pools(sequential)
+    launched = overlapped.launch_round(rounds[0])
+    once = overlapped.complete_round(launched)
+    free = overlapped.runner.kv_pool.num_free
+    assert overlapped.complete_round(launched) is once
+    assert overlapped.runner.kv_pool.num_free == free
+
+
+@pytest.mark.parametrize("radix_cache", [True, False])
+def test_a_launch_short_of_slots_completes_the_round_in_flight(tiny_dirs, radix_cache):
+    """Two rounds of states whose GDN slots together pass the pool's: the later
+    launch completes the round in flight before the pool would grow (on the GPU
+    growing replaces the pool's tensors and every graph is captured again)."""
+    rng = random.Random(2)
+    tokens = lambda n: [rng.randrange(500) for _ in range(n)]  # noqa: E731
+    rounds = [[([state + tokens(3) for _ in range(2)], [LABELS] * 2) for state in [tokens(60) for _ in range(n)]]
+              for n in (6, 5)]
+    engine_of = lambda: Engine(str(tiny_dirs["qwen3_5"]), radix_cache=radix_cache)  # noqa: E731
+    sequential, want, overlapped, got = _pair(rounds, engine_of)
+    assert [g.answers for g in got] == [w.answers for w in want]
+    assert overlapped.settled_launches == 1
+    assert overlapped.state_pool.capacity == sequential.state_pool.capacity
