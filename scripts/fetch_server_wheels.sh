@@ -4,7 +4,9 @@
 # Python 3.12 on x86_64, into git-ignored folders of at most 60 MiB each, so that each
 # folder travels in one device call (64 MiB a call):
 #   .whl-sglang/   sglang 0.5.23 alone (its Python layer: decision routes, protocol, launcher)
-#   .whl-server/   the server's other packages missing on the image, fla-core, the tokenizer
+#   .whl-server/   the server's other packages missing on the image (not jedi and parso: IPython, which
+#                  sglang.utils imports, imports jedi only to complete code; without them .whl-server and
+#                  .whl-sglang together, about 60.5 MiB, travel in one call), fla-core, the tokenizer
 #                  asset packages (fastapi 0.165 imports opentelemetry-api: found missing on the H200),
 #                  Hugging Face datasets for SGLang's bench_serving (pandas, pyarrow, xxhash are on the image)
 #   .whl-sgl0517/  transformers 5.12.1 + tokenizers 0.22.2 (SGLang 0.5.17's own pins; launch.sh
@@ -50,7 +52,7 @@ fetch .whl-server \
     compressed-tensors==0.18.0 gguf==0.19.0 dill==0.4.1 setproctitle==1.3.8 python-multipart==0.0.34 \
     jsonschema==4.26.0 referencing==0.37.0 rpds-py==2026.9.1 jsonschema-specifications==2025.9.1 \
     apache-tvm-ffi==0.1.11 xgrammar==0.2.7 soundfile==0.13.1 cffi==2.1.1 pycparser==3.12 loguru==0.7.3 \
-    ipython==9.18.1 ipython_pygments_lexers==1.1.1 jedi==0.20.1 parso==0.8.7 traitlets==5.16.1 \
+    ipython==9.18.1 ipython_pygments_lexers==1.1.1 traitlets==5.16.1 \
     matplotlib-inline==0.2.2 pexpect==4.9.0 ptyprocess==0.7.0 prompt_toolkit==3.0.53 wcwidth==0.9.4 \
     stack-data==0.6.3 asttokens==3.0.2 executing==2.3.0 pure_eval==0.2.4 \
     opentelemetry-api==1.45.2 \

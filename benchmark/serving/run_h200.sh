@@ -6,6 +6,8 @@
 # 10 minutes (files under /tmp stay while the machine is held; $OUT comes back each call):
 #   here, once:  bash scripts/fetch_server_wheels.sh
 #                mkdir -p .gpu && cp -r ../shared/gpu/sgl_kernel_standin ../shared/gpu/sglang-0.5.17/* .gpu/
+#   (.whl-server and .whl-sglang, about 60.5 MiB, fit one call beside a checkout with benchmark/results moved
+#    out: carry both and give --install twice, then `checkpoint flide` in the same call)
 #   call 1 (carry .whl-sglang):     bash benchmark/serving/run_h200.sh --install .whl-sglang
 #   (once the checkout and the 37 MiB wheel pass the 64 MiB a call carries, as on 2026-12-04: here
 #    `split -b 20M -d .whl-sglang/*.whl /tmp/p.`, move p.00 into .gpu/wa/ and p.01 into .gpu/wb/ (ignored),
