@@ -133,7 +133,8 @@ class Engine:
                                     self.runner.cache_rows)
         self._lock = threading.RLock()
         self._in_flight: list[LaunchedRound] = []  # launched, not yet completed, in launch order
-        #: Launches that completed the rounds in flight first (their pools were short).
+        #: Times the rounds in flight were completed early: by a launch short of
+        #: K/V rows or state slots, or by a flush of the cache.
         self.settled_launches = 0
 
     # The model runner's parts: its Flide model, its GraphRunner (None on the CPU)
@@ -252,8 +253,12 @@ class Engine:
 
     @_serialised
     def flush_cache(self) -> None:
-        """Forget every cached state (SGLang's ``/flush_cache``); nothing when the cache is off."""
+        """Forget every cached state (SGLang's ``/flush_cache``); nothing when the cache is off.
+        Rounds in flight are completed first (their results kept for
+        :meth:`complete_round`): their kernels may still write the rows and
+        slots of the checkpoints they keep."""
         if self.cache is not None:
+            self._settle()
             self.cache.flush()
 
     @_serialised

@@ -160,3 +160,19 @@ def test_a_launch_short_of_slots_completes_the_round_in_flight(tiny_dirs, radix_
     assert [g.answers for g in got] == [w.answers for w in want]
     assert overlapped.settled_launches == 1
     assert overlapped.state_pool.capacity == sequential.state_pool.capacity
+
+
+def test_flush_cache_completes_the_rounds_in_flight(tiny_dirs):
+    """A flush with a round in flight waits for it: the round answers as alone,
+    and afterwards the cache holds nothing and every row and slot is free."""
+    rng = random.Random(6)
+    groups = [_request(rng, [rng.randrange(500) for _ in range(120)])]
+    want = Engine(str(tiny_dirs["qwen3_5"])).run_round(groups)
+    engine = Engine(str(tiny_dirs["qwen3_5"]))
+    flight = engine.launch_round(groups)
+    engine.flush_cache()
+    assert engine.settled_launches == 1
+    assert engine.complete_round(flight).answers == want.answers
+    assert engine.cache_stats()["cached_tokens"] == 0 and engine.cache_stats()["slots"] == 0
+    assert engine.runner.kv_pool.num_free == engine.runner.kv_pool.rows
+    assert engine.state_pool.num_free == engine.state_pool.capacity
