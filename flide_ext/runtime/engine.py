@@ -135,7 +135,7 @@ class Engine:
         self._in_flight: list[LaunchedRound] = []  # launched, not yet completed, in launch order
         #: Times the rounds in flight were completed early: by a launch short of
         #: K/V rows or state slots, or by a flush of the cache.
-        self.settled_launches = 0
+        self.early_completions = 0
 
     # The model runner's parts: its Flide model, its GraphRunner (None on the CPU)
     # and its GDN StatePool (None without GDN layers).
@@ -237,7 +237,7 @@ class Engine:
                 complete_round(self.runner, launched)
             except Exception:
                 pass
-        self.settled_launches += bool(flights)
+        self.early_completions += bool(flights)
         return bool(flights)
 
     @_serialised

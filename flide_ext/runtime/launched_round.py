@@ -156,8 +156,8 @@ def complete_round(runner: ModelRunner, launched: LaunchedRound) -> RoundResult:
                launched.marks[0], span_ms(launched.marks[1]) / 1e3)
     cached = launched.cached
     launched.done = round_result(launched.n, launched.requests, label_logprobs, launched.prompts, launched.plan,
-                        [cached.resume[r].length if r in cached.resume else 0 for r in range(launched.n)],
-                        [launched.kept_tokens.get(r, 0) for r in range(launched.n)], launched.graph, seconds)
+                                 [cached.resume[r].length if r in cached.resume else 0 for r in range(launched.n)],
+                                 [launched.kept_tokens.get(r, 0) for r in range(launched.n)], launched.graph, seconds)
     return launched.done
 
 

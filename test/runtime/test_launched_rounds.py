@@ -137,7 +137,7 @@ def test_a_launch_short_of_rows_completes_the_round_in_flight(tiny_dirs):
     for g, w in zip(got, want):
         assert g.answers == w.answers
         assert g.resumed_tokens == w.resumed_tokens and g.stream_tokens == w.stream_tokens
-    assert overlapped.settled_launches == 1 and sequential.settled_launches == 0
+    assert overlapped.early_completions == 1 and sequential.early_completions == 0
     assert _pools(overlapped) == _pools(sequential)
     launched = overlapped.launch_round(rounds[0])
     once = overlapped.complete_round(launched)
@@ -158,7 +158,7 @@ def test_a_launch_short_of_slots_completes_the_round_in_flight(tiny_dirs, radix_
     engine_of = lambda: Engine(str(tiny_dirs["qwen3_5"]), radix_cache=radix_cache)  # noqa: E731
     sequential, want, overlapped, got = _pair(rounds, engine_of)
     assert [g.answers for g in got] == [w.answers for w in want]
-    assert overlapped.settled_launches == 1
+    assert overlapped.early_completions == 1
     assert overlapped.state_pool.capacity == sequential.state_pool.capacity
 
 
@@ -171,7 +171,7 @@ def test_flush_cache_completes_the_rounds_in_flight(tiny_dirs):
     engine = Engine(str(tiny_dirs["qwen3_5"]))
     flight = engine.launch_round(groups)
     engine.flush_cache()
-    assert engine.settled_launches == 1
+    assert engine.early_completions == 1
     assert engine.complete_round(flight).answers == want.answers
     assert engine.cache_stats()["cached_tokens"] == 0 and engine.cache_stats()["slots"] == 0
     assert engine.runner.kv_pool.num_free == engine.runner.kv_pool.rows
