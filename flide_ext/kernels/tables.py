@@ -126,7 +126,12 @@ def conv_history(parent, start, length, request, resumed, width: int) -> np.ndar
     simple = (parent >= 0) & (length[p] >= W1)
     ends = start[p] + length[p]
     hist[simple] = ends[simple, None] - W1 + np.arange(W1)[None, :]
-    for s in np.flatnonzero(~simple):
+    # Roots at once too: nothing before them, or a checkpoint's whole window.
+    roots = parent < 0
+    if resumed:
+        lent = roots & np.isin(np.asarray(request, dtype=np.int64), list(resumed))
+        hist[lent] = -2 - np.arange(W1)[None, :]
+    for s in np.flatnonzero(~(simple | roots)):
         rows, node = [], int(parent[s])
         root = s
         while len(rows) < W1 and node >= 0:
@@ -147,9 +152,19 @@ def conv_history(parent, start, length, request, resumed, width: int) -> np.ndar
     return hist
 
 
-def build_tables(plan, capacity: Optional[TableCapacity], conv_width: int, tokens_per_block: int,
+def _filled(size: int, value: int, dtype=np.int64) -> np.ndarray:
+    # np.full without its Python-level wrapper (a round builds a dozen of these).
+    out = np.empty(size, dtype=dtype)
+    out.fill(value)
+    return out
+
+
+def table_arrays(plan, capacity: Optional[TableCapacity], conv_width: int, tokens_per_block: int,
                  level_programs: Optional[int] = None) -> dict:
-    """The tables of a round as host (CPU) tensors, padded to ``capacity``.
+    """The tables of a round as host numpy arrays, padded to ``capacity``
+    (int32, except ``cu_seqlens`` and ``chunk_indices`` int64 and ``row_valid``
+    bool): what :class:`~flide_ext.runtime.round_buffers.RoundBuffers` copies
+    to the device.
 
     Args:
         plan: the round's :class:`~flide_ext.plan.flat.FlatPlan` with CPU tensors and
@@ -161,7 +176,7 @@ def build_tables(plan, capacity: Optional[TableCapacity], conv_width: int, token
         level_programs: programs per inter-chunk launch (default: the largest level).
 
     Returns:
-        The fields of :class:`KernelTables` as CPU tensors (``attention`` a tuple).
+        The fields of :class:`KernelTables` (``attention`` a tuple of its count and arrays).
 
     Raises:
         ValueError: the round does not fit ``capacity``.
@@ -177,7 +192,7 @@ def build_tables(plan, capacity: Optional[TableCapacity], conv_width: int, token
     # operations, each a microsecond in numpy against several as a torch op.
 
     def padded(t, fill, size=S1):
-        out = np.full(size, fill, dtype=np.int64)
+        out = _filled(size, fill)
         out[:t.numel()] = t.numpy()
         return out
 
@@ -187,14 +202,16 @@ def build_tables(plan, capacity: Optional[TableCapacity], conv_width: int, token
                                                       padded(plan.seg_kv_len, 0))
     block_seg, block_row = block_arrays(seg_len, tokens_per_block)
     NB = capacity.blocks(tokens_per_block)
-    block_seg = np.concatenate([block_seg, np.full(NB - block_seg.size, pad, dtype=np.int32)])
-    block_row = np.concatenate([block_row, np.zeros(NB - block_row.size, dtype=np.int32)])
+    blocks = _filled(NB, pad, np.int32)
+    blocks[:block_seg.size] = block_seg
+    block_rows = np.zeros(NB, dtype=np.int32)
+    block_rows[:block_row.size] = block_row
 
-    token_segment = np.full(capacity.tokens, pad, dtype=np.int32)
+    token_segment = _filled(capacity.tokens, pad, np.int32)
     token_segment[:T] = plan.token_segment.numpy()
     W1 = max(conv_width - 1, 0)
-    history = np.full((S1, W1), -1, dtype=np.int64)
-    history_slot = np.full(S1, -1, dtype=np.int64)
+    history = _filled(S1 * W1, -1, np.int32).reshape(S1, W1)
+    history_slot = _filled(S1, -1, np.int32)
     tree_parent = [seg.parent for seg in plan.tree.segments]
     requests = [seg.request for seg in plan.tree.segments]
     history[:S] = conv_history(tree_parent, seg_start[:S], seg_len[:S], requests, set(plan.resume), conv_width)
@@ -202,8 +219,8 @@ def build_tables(plan, capacity: Optional[TableCapacity], conv_width: int, token
         r = requests[plan.tree.path(s)[0]]
         if r in plan.resume:
             history_slot[s] = plan.resume[r].slot
-    initial = np.full(S1, -1, dtype=np.int64)
-    final = np.full(S1, -1, dtype=np.int64)
+    initial = _filled(S1, -1, np.int32)
+    final = _filled(S1, -1, np.int32)
     if plan.seg_slot is not None:
         initial[:S], final[:S] = plan.seg_initial_slot.numpy(), plan.seg_slot.numpy()
 
@@ -212,9 +229,10 @@ def build_tables(plan, capacity: Optional[TableCapacity], conv_width: int, token
     chunk_indices = np.empty((capacity.chunks, 2), dtype=np.int64)
     chunk_indices[:NT_real] = pairs
     chunk_indices[NT_real:] = (pad, 0)
-    cu_seqlens = np.concatenate([seg_start, [T]])
+    cu_seqlens = np.empty(S1 + 1, dtype=np.int64)
+    cu_seqlens[:S1], cu_seqlens[S1] = seg_start, T
 
-    level_range = np.zeros((capacity.levels, 2), dtype=np.int64)
+    level_range = np.zeros((capacity.levels, 2), dtype=np.int32)
     widest = 1
     for d, members in enumerate(plan.levels):
         first, last = int(members.min()), int(members.max()) + 1
@@ -225,16 +243,30 @@ def build_tables(plan, capacity: Optional[TableCapacity], conv_width: int, token
     row_valid = np.zeros(capacity.tokens, dtype=bool)
     row_valid[:T] = True
 
-    def i32(a):
-        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))
-
-    attention = (NB, i32(block_seg), i32(block_row), i32(seg_start), i32(seg_len), i32(own), i32(path_kv),
-                 i32(path_offset), i32(path_len))
+    seg_start32, seg_len32 = seg_start.astype(np.int32), seg_len.astype(np.int32)
+    attention = (NB, blocks, block_rows, seg_start32, seg_len32, own, path_kv, path_offset, path_len)
     return dict(
-        attention=attention, token_segment=i32(token_segment), seg_start=i32(seg_start), seg_len=i32(seg_len),
-        conv_history=i32(history), history_slot=i32(history_slot), initial_slot=i32(initial),
-        final_slot=i32(final), cu_seqlens=torch.from_numpy(cu_seqlens.astype(np.int64)),
-        chunk_indices=torch.from_numpy(chunk_indices), chunk_offsets=i32(chunk_offsets),
-        level_range=i32(level_range), num_levels=capacity.levels,
-        level_programs=level_programs or widest, row_valid=torch.from_numpy(row_valid), padding_segment=pad,
+        attention=attention, token_segment=token_segment, seg_start=seg_start32, seg_len=seg_len32,
+        conv_history=history, history_slot=history_slot, initial_slot=initial, final_slot=final,
+        cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets.astype(np.int32),
+        level_range=level_range, num_levels=capacity.levels, level_programs=level_programs or widest,
+        row_valid=row_valid, padding_segment=pad,
     )
+
+
+def build_tables(plan, capacity: Optional[TableCapacity], conv_width: int, tokens_per_block: int,
+                 level_programs: Optional[int] = None) -> dict:
+    """The tables of a round as host (CPU) tensors, padded to ``capacity``:
+    :func:`table_arrays` with its arrays as tensors (sharing their memory).
+
+    Returns:
+        The fields of :class:`KernelTables` as CPU tensors (``attention`` a tuple).
+
+    Raises:
+        ValueError: as :func:`table_arrays`.
+    """
+    arrays = table_arrays(plan, capacity, conv_width, tokens_per_block, level_programs)
+    att = arrays["attention"]
+    out = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in arrays.items()}
+    out["attention"] = (att[0],) + tuple(torch.from_numpy(a) for a in att[1:])
+    return out

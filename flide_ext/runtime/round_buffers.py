@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from typing import Optional
 
+import numpy as np
 import torch
 
-from ..kernels.tables import KernelTables, TableCapacity, build_tables
+from ..kernels.tables import KernelTables, TableCapacity, table_arrays
 from ..plan.flat import FlatPlan
 
 # Plan tensors the forward pass reads, padded to a capacity by pad_plan.
@@ -89,13 +90,14 @@ def _named_tensors(plan: FlatPlan, tables: Optional[dict]) -> dict:
             if name == "attention":
                 for i, t in enumerate(value[1:]):
                     named[f"attention{i}"] = t
-            elif isinstance(value, torch.Tensor):
+            elif isinstance(value, (torch.Tensor, np.ndarray)):
                 named[name] = value
     return named
 
 
 def _flatten(plan: FlatPlan, tables: Optional[dict], with_levels: bool) -> dict:
-    named = _named_tensors(plan, tables)
+    named = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+             for k, v in _named_tensors(plan, tables).items()}
     if with_levels:
         for d, level in enumerate(plan.levels):
             named[f"level{d}"] = level
@@ -120,11 +122,13 @@ class RoundBuffers:
         self._host = self._device = None
         self._views: dict = {}
         self._host_views: dict = {}
+        self._host_flat: dict = {}  # name -> the field's 1-D numpy view (write_padded's)
         self._copied = None  # CUDA event: the last write's copy has left the pinned buffer
 
     def write(self, plan: FlatPlan, tables: Optional[dict] = None, with_levels: bool = True) -> FlatPlan:
-        """Copy ``plan`` (host tensors) and ``tables`` (:func:`~flide_ext.kernels.tables.build_tables`
-        output) to the device; returns the device plan, with ``tables`` as
+        """Copy ``plan`` (host tensors) and ``tables`` (:func:`~flide_ext.kernels.tables.table_arrays`
+        or :func:`~flide_ext.kernels.tables.build_tables` output) to the device;
+        returns the device plan, with ``tables`` as
         :class:`~flide_ext.kernels.tables.KernelTables` when given.
 
         Raises:
@@ -147,8 +151,9 @@ class RoundBuffers:
                 if n:
                     view = host[offset:offset + n]
                     try:
-                        self._host_views[name] = (view.view(torch.empty(0, dtype=dtype).numpy().dtype).reshape(shape),
-                                                  False)
+                        typed = view.view(torch.empty(0, dtype=dtype).numpy().dtype)
+                        self._host_views[name] = (typed.reshape(shape), False)
+                        self._host_flat[name] = typed
                     except TypeError:
                         self._host_views[name] = (view, True)
         elif layout != self._layout:
@@ -165,7 +170,8 @@ class RoundBuffers:
         without levels, into buffers whose layout an earlier such write fixed,
         padding each field in the pinned buffer itself and building no device
         plan (a graph's replay reads the device plan it was captured over).
-        The bytes copied are :meth:`write`'s.
+        The bytes copied are :meth:`write`'s. ``tables`` may hold numpy arrays
+        (:func:`~flide_ext.kernels.tables.table_arrays`) or tensors.
 
         Raises:
             ValueError: as :func:`pad_plan`; no layout is fixed yet, or the round's
@@ -174,8 +180,8 @@ class RoundBuffers:
         padding = _padding(plan, capacity, readouts)
         if self._layout is None:
             raise ValueError("write_padded needs the buffers' layout fixed by an earlier write")
-        # (tensor, padded size, fill): the padded fields as pad_plan pads them, the rest as they are.
-        values = {name: (t, t.numel(), 0) for name, t in _named_tensors(plan, tables).items()}
+        # (array, padded size, fill): the padded fields as pad_plan pads them, the rest as they are.
+        values = {name: (t, -1, 0) for name, t in _named_tensors(plan, tables).items()}
         for name, (t, size, fill) in padding.items():
             if t is None:
                 values.pop(name, None)
@@ -184,13 +190,17 @@ class RoundBuffers:
         if values.keys() != self._host_views.keys():
             raise ValueError("a round's tensors do not match the buffers' layout")
         self._wait_copied()
+        # numpy slices of 1-D views: a round writes a few dozen fields, and a torch
+        # reshape or dispatch per field would cost several times the copy.
         for name, (view, as_bytes) in self._host_views.items():
             t, size, fill = values[name]
-            n = t.numel()
-            if as_bytes or view.size != size or n > size or (t.dim() > 1 and tuple(t.shape) != view.shape):
+            a = t.numpy() if isinstance(t, torch.Tensor) else t
+            flat = self._host_flat.get(name)
+            n = a.size
+            size = n if size < 0 else size
+            if flat is None or flat.size != size or n > size or (a.ndim > 1 and a.shape != view.shape):
                 raise ValueError(f"a round's {name} does not match the buffers' layout")
-            flat = view.reshape(-1)
-            flat[:n] = t.reshape(-1).numpy()
+            flat[:n] = a.reshape(-1)
             flat[n:] = fill
         self._copy_in()
 
@@ -251,7 +261,7 @@ def device_round(plan: FlatPlan, spec, device, capacity: Optional[TableCapacity]
     readouts = readouts or int(plan.readout_rows.numel())
     tables = None
     if spec is not None:
-        tables = build_tables(plan, capacity, spec.conv_width, spec.tokens_per_block, spec.level_programs(capacity))
+        tables = table_arrays(plan, capacity, spec.conv_width, spec.tokens_per_block, spec.level_programs(capacity))
     if not device_plan and capacity is not None and tables is not None and buffers._layout is not None:
         buffers.write_padded(plan, capacity, readouts, tables)
         return None

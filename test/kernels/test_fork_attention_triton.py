@@ -124,3 +124,27 @@ def test_strided_position_tables():
     tables[5], tables[6] = positions, positions
     torch.testing.assert_close(fork_attention_triton(q, k, v, *tables, scale, 5),
                                fork_attention_ref(q, k, v, *tables, scale, 5), rtol=1e-5, atol=1e-5)
+
+
+def test_path_tables_match_a_walk_up_each_segment():
+    """Random forests (parents before children, some segments without keys):
+    each segment's row lists its root-to-leaf path's key starts, counts and
+    offsets, as walking its parents one by one gives."""
+    gen = torch.Generator().manual_seed(21)
+    for S in (1, 2, 7, 40):
+        parent = [-1]
+        for s in range(1, S):
+            parent.append(int(torch.randint(-1, s, (1,), generator=gen)))
+        kv_start = torch.randint(0, 500, (S,), generator=gen)
+        kv_len = torch.randint(0, 5, (S,), generator=gen)
+        kv, offset, count, own = path_tables(torch.tensor(parent), kv_start, kv_len)
+        for s in range(S):
+            path, node = [], s
+            while node >= 0:
+                path.insert(0, node)
+                node = parent[node]
+            lens = [int(kv_len[p]) for p in path] + [0] * (PATH_DEPTH - len(path))
+            starts = [int(kv_start[p]) for p in path] + [0] * (PATH_DEPTH - len(path))
+            assert count[s].tolist() == lens and kv[s].tolist() == starts
+            assert offset[s].tolist() == [sum(lens[:j]) for j in range(PATH_DEPTH)]
+            assert int(own[s]) == sum(lens[:len(path) - 1])

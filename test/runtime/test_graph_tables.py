@@ -8,13 +8,14 @@ buffers; capture and replay themselves run on the H200
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from flide_ext.kernels.causal_conv1d import causal_conv1d_ref, causal_conv1d_tree, causal_conv1d_tree_ref
 from flide_ext.kernels.causal_conv1d.kernel import causal_conv1d_tree_triton
 from flide_ext.kernels.fork_attention.kernel import _build_metadata
-from flide_ext.kernels.tables import TableCapacity, build_tables, conv_history
+from flide_ext.kernels.tables import TableCapacity, build_tables, conv_history, table_arrays
 from flide_ext.plan.flat import Resume, plan_round
 from flide_ext.runtime.graph_capacities import GraphCapacity, default_capacities, parse_capacities
 from flide_ext.runtime.graph_runner import GraphRunner, TableSpec
@@ -73,6 +74,16 @@ def test_attention_and_gdn_tables_match_the_round(tiny_dirs):
     assert t["row_valid"].sum() == plan.num_tokens
     with pytest.raises(ValueError, match="does not fit"):
         build_tables(plan, TableCapacity(64, 16, 4), 4, 16)
+    # The numpy arrays the round buffers copy are the same tables.
+    arrays = table_arrays(plan, cap, conv_width=4, tokens_per_block=16)
+    assert arrays.keys() == t.keys()
+    for name, value in arrays.items():
+        pairs = zip(value[1:], t[name][1:]) if name == "attention" else [(value, t[name])]
+        for a, b in pairs:
+            if isinstance(a, np.ndarray):
+                assert torch.equal(torch.from_numpy(a), b), name
+            else:
+                assert a == b, name
 
 
 def _conv_case():

@@ -36,27 +36,28 @@ def host_array(t: torch.Tensor) -> np.ndarray:
 def path_arrays(parent: np.ndarray, kv_start: np.ndarray, kv_len: np.ndarray, depth: int = PATH_DEPTH):
     """:func:`path_tables` on int64 host arrays; returns int32 arrays ``(kv, offset, count, own)``."""
     S = parent.size
-    chain = np.full((S, depth + 1), -1, dtype=np.int64)  # chain[:, i]: the i-th segment up from the leaf
-    chain[:, 0] = np.arange(S)
+    # A sentinel entry past the end: index -1 (no segment) reads parent -1, keys 0.
+    up = np.append(parent, -1)
+    chain = np.empty((S, depth + 1), dtype=np.int64)  # chain[:, i]: the i-th segment up from the leaf
+    chain.fill(-1)
+    cur = chain[:, 0] = np.arange(S)
     for i in range(depth):
-        cur = chain[:, i]
-        up = cur >= 0
-        if not up.any():
+        cur = up[cur]
+        if S == 0 or cur.max() < 0:
             break
-        chain[up, i + 1] = parent[cur[up]]
+        chain[:, i + 1] = cur
     if S and bool((chain[:, depth] >= 0).any()):
         raise ValueError(f"ForkAttention handles segment paths of at most {depth} segments")
-    leaf_first = chain[:, :depth]  # -1 past the root
-    length = (leaf_first >= 0).sum(1, keepdims=True)
-    level = np.arange(depth)[None, :]
-    pick = np.maximum(length - 1 - level, 0)
-    root_first = np.where(level < length, np.take_along_axis(leaf_first, pick, 1), -1)
-    valid = root_first >= 0
-    idx = np.maximum(root_first, 0)
-    kv = np.where(valid, kv_start[idx], 0) if S else np.zeros((0, depth), np.int64)
-    count = np.where(valid, kv_len[idx], 0) if S else np.zeros((0, depth), np.int64)
+    length = (chain[:, :depth] >= 0).sum(1)
+    # Root first: entry j of a path of n segments is chain entry n-1-j; past the
+    # leaf, column ``depth`` (always -1).
+    pick = length[:, None] - 1 - np.arange(depth)[None, :]
+    pick[pick < 0] = depth
+    root_first = chain[np.arange(S)[:, None], pick]
+    kv = np.append(kv_start, 0)[root_first]
+    count = np.append(kv_len, 0)[root_first]
     offset = np.cumsum(count, axis=1) - count
-    own = np.take_along_axis(offset, np.maximum(length - 1, 0), 1)[:, 0]
+    own = offset[np.arange(S), np.maximum(length - 1, 0)] if S else np.zeros(0, np.int64)
     return tuple(np.ascontiguousarray(a, dtype=np.int32) for a in (kv, offset, count, own))
 
 

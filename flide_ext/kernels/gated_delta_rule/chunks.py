@@ -32,10 +32,13 @@ def chunk_layout(lengths: Sequence[int], chunk: int = CHUNK) -> tuple[np.ndarray
     """
     lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
     chunks = (lengths + chunk - 1) // chunk
-    offsets = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int64)
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(chunks, out=offsets[1:])
     seq = np.repeat(np.arange(lengths.size, dtype=np.int64), chunks)
-    pairs = np.stack([seq, np.arange(seq.size, dtype=np.int64) - offsets[seq]], axis=1)
-    return chunks, offsets, pairs.reshape(-1, 2)
+    pairs = np.empty((seq.size, 2), dtype=np.int64)
+    pairs[:, 0] = seq
+    pairs[:, 1] = np.arange(seq.size, dtype=np.int64) - offsets[seq]
+    return chunks, offsets, pairs
 
 
 def chunk_rows(bounds: Sequence[int], chunk: int = CHUNK) -> Iterator[tuple[int, int]]:
