@@ -215,8 +215,13 @@ run_sglang_bench() {  # run_sglang_bench LABEL NAME: SGLang's bench_serving (ben
     local dataset=${base#sgl_}
     [ "$dataset" = quality ] && { prompts=32; levels="1 8"; }
     levels=${SGL_LEVELS:-$levels}
-    rm -f "$RESULTS/$label/$name.jsonl"
     for clients in $levels; do
+        # A level run again replaces only its own line: one preset's levels may be split over calls
+        # (SGL_LEVELS), and the lines of levels run by an earlier call stay.
+        [ -f "$RESULTS/$label/$name.jsonl" ] && python3 -c 'import json, sys
+path, clients = sys.argv[1], int(sys.argv[2])
+kept = [line for line in open(path) if json.loads(line).get("max_concurrency") != clients]
+open(path, "w").writelines(kept)' "$RESULTS/$label/$name.jsonl" "$clients"
         log "$label $name: bench_serving_sglang.py --dataset-name $dataset --max-concurrency $clients"
         # shellcheck disable=SC2086
         (cd /tmp && timeout 300 python3 "$REPO/benchmark/bench_serving_sglang.py" --backend decision-score \
