@@ -122,7 +122,6 @@ class RoundBuffers:
         self._host = self._device = None
         self._views: dict = {}
         self._host_views: dict = {}
-        self._host_flat: dict = {}  # name -> the field's 1-D numpy view (write_padded's)
         self._copied = None  # CUDA event: the last write's copy has left the pinned buffer
 
     def write(self, plan: FlatPlan, tables: Optional[dict] = None, with_levels: bool = True) -> FlatPlan:
@@ -151,9 +150,8 @@ class RoundBuffers:
                 if n:
                     view = host[offset:offset + n]
                     try:
-                        typed = view.view(torch.empty(0, dtype=dtype).numpy().dtype)
-                        self._host_views[name] = (typed.reshape(shape), False)
-                        self._host_flat[name] = typed
+                        self._host_views[name] = (view.view(torch.empty(0, dtype=dtype).numpy().dtype).reshape(shape),
+                                                  False)
                     except TypeError:
                         self._host_views[name] = (view, True)
         elif layout != self._layout:
@@ -180,8 +178,8 @@ class RoundBuffers:
         padding = _padding(plan, capacity, readouts)
         if self._layout is None:
             raise ValueError("write_padded needs the buffers' layout fixed by an earlier write")
-        # (array, padded size, fill): the padded fields as pad_plan pads them, the rest as they are.
-        values = {name: (t, -1, 0) for name, t in _named_tensors(plan, tables).items()}
+        # (array, padded size, fill): the padded fields as pad_plan pads them, the rest as they are (None).
+        values = {name: (t, None, 0) for name, t in _named_tensors(plan, tables).items()}
         for name, (t, size, fill) in padding.items():
             if t is None:
                 values.pop(name, None)
@@ -195,11 +193,11 @@ class RoundBuffers:
         for name, (view, as_bytes) in self._host_views.items():
             t, size, fill = values[name]
             a = t.numpy() if isinstance(t, torch.Tensor) else t
-            flat = self._host_flat.get(name)
             n = a.size
-            size = n if size < 0 else size
-            if flat is None or flat.size != size or n > size or (a.ndim > 1 and a.shape != view.shape):
+            size = n if size is None else size
+            if as_bytes or view.size != size or n > size or (a.ndim > 1 and a.shape != view.shape):
                 raise ValueError(f"a round's {name} does not match the buffers' layout")
+            flat = view.reshape(-1)
             flat[:n] = a.reshape(-1)
             flat[n:] = fill
         self._copy_in()
