@@ -183,6 +183,29 @@ def profile_case(engine, name: str, groups: list, setup, cuda: bool, model: str,
             "operators": ops, "wall_breakdown": breakdown}
 
 
+def host_profile(engine, groups: list, setup, rounds: int, top: int) -> list[dict]:
+    """Python's cProfile over ``rounds`` rounds of ``groups`` (``setup()`` before
+    each, outside the profile): the ``top`` functions by their own time, in ms
+    and calls per round, with their cumulative time. On CUDA a round's wait for
+    the GPU shows as the own time of the call that waits."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    for _ in range(rounds):
+        if setup is not None:
+            setup()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        prof.enable()
+        engine.run_round(groups)
+        prof.disable()
+    rows = [{"function": f"{Path(file).name}:{line}({name})", "calls": calls / rounds, "own_ms": 1e3 * own / rounds,
+             "cumulative_ms": 1e3 * cumulative / rounds}
+            for (file, line, name), (_, calls, own, cumulative, _) in pstats.Stats(prof).stats.items()]
+    return sorted(rows, key=lambda r: -r["own_ms"])[:top]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="qwen3.5-4b")
@@ -203,6 +226,9 @@ def main(argv=None) -> int:
     parser.add_argument("--readout", default="labels", choices=["labels", "vocabulary"],
                         help="answers normalised over each question's labels (the served /v1/score with "
                              "apply_softmax, as the HTTP benchmarks send) or over the vocabulary")
+    parser.add_argument("--host-profile", type=int, default=0, metavar="ROUNDS",
+                        help="after the profiles, cProfile this many rounds of each workload: the host's functions "
+                             "by their own time per round")
     parser.add_argument("--out", default=None)
     parser.add_argument("--dump-fla-configs", default=None, metavar="DIR",
                         help="after the run, write the configurations fla-core's autotuners chose (GPU only)")
@@ -284,6 +310,12 @@ def main(argv=None) -> int:
             entry["after_load"] = wall_breakdown(engine, groups[size:2 * size], setup=setup) if cuda else None
             if entry["after_load"]:
                 print(f"{case} after load: " + BREAKDOWN.format(**entry["after_load"]))
+    for entry, (case, groups, setup) in zip(results, cases) if args.host_profile > 0 else ():
+        size = entry["requests"]
+        entry["host_profile"] = host_profile(engine, groups[size:2 * size], setup, args.host_profile, args.top)
+        print(f"{case}: host functions by own time per round ({args.host_profile} rounds, cProfile)")
+        for r in entry["host_profile"]:
+            print(f"{r['own_ms']:8.3f} ms own {r['cumulative_ms']:8.3f} ms cumulative {r['calls']:7.1f}x  {r['function']}")
     if args.dump_fla_configs and cuda:
         from flide_ext.kernels.fla_configs import dump
 

@@ -12,12 +12,12 @@ the data behind ``fork_attention_triton.TILE_OVERRIDE``'s defaults and
 * The own inter-chunk kernel against fla's on the same WY factors.
 * The inter-chunk kernel's (BLOCK_V, warps, stages), timed as the whole-tree GDN pass (GPU kernel time) beside fla's chunk kernel
   on the same tokens, with a per-kernel profile of both.
-* The whole-tree causal conv's (BLOCK_T, BLOCK_C, warps), each with and without
-  the interior tiles' fast path, at Qwen3.5-4B's 8,192 channels, its input the
+* The whole-tree causal conv's (BLOCK_T, BLOCK_C, warps) at Qwen3.5-4B's 8,192 channels, its input the
   q/k/v columns of the stacked projection, on the graph tables of a single RACE
   question, one and eight MultiRC requests and one QuALITY request; each
   setting's output is compared with the default's (the same taps in the same
-  order: bitwise).
+  order: bitwise). ``conv_variants``: the same beside a sources-table variant
+  and a plain tile copy, with registers and spills.
 
 Usage::
 
@@ -263,18 +263,16 @@ def states_vs_fla(rows):
         gds.STATES_CONFIG = default
 
 
-def sweep_conv(rows):
-    import flide_ext.kernels.causal_conv1d.kernel as cct
-    from flide_ext.runtime.graph_capacities import GraphCapacity
+def conv_rounds(cases):
+    """For each ``(workload, requests, GraphCapacity)``: ``(case, tables, x, w,
+    pool)``, the round's graph tables on the GPU and random conv inputs at
+    Qwen3.5-4B's shape: ``x`` the 8,192 q/k/v columns of the stacked projection
+    (bf16 ``[tokens, 8256]`` sliced), ``w`` ``[8192, 4]``, a one-slot pool."""
     from flide_ext.runtime.graph_runner import TableSpec
     from flide_ext.runtime.round_buffers import device_round
 
     C, stacked = 8192, 8256  # q/k/v channels of the qkv + b + a projection
-    default, default_fast = cct.TREE_CONFIG, cct.TREE_FAST_PATH
-    for name, requests, capacity in (("race_single", 1, GraphCapacity(480, 4, 3)),
-                                     ("multirc", 1, GraphCapacity(1152, 36)),
-                                     ("multirc", 8, GraphCapacity(9024, 282)),
-                                     ("quality", 1, GraphCapacity(6336, 198))):
+    for name, requests, capacity in cases:
         owners, prompts = workload_prompts(name, requests)
         plan = plan_round(owners, prompts, "cpu")
         plan.assign_slots([-1] * plan.num_segments)
@@ -282,31 +280,99 @@ def sweep_conv(rows):
         gen = torch.Generator(device="cuda").manual_seed(0)
         x = torch.randn(capacity.tokens, stacked, generator=gen, device="cuda").to(torch.bfloat16)[:, :C]
         w = torch.randn(C, 4, generator=gen, device="cuda").to(torch.bfloat16)
-        pool = torch.zeros(1, C, 3, dtype=torch.bfloat16, device="cuda")
+        yield (name, requests, capacity), t, x, w, torch.zeros(1, C, 3, dtype=torch.bfloat16, device="cuda")
 
+
+def sweep_conv(rows):
+    import flide_ext.kernels.causal_conv1d.kernel as cct
+    from flide_ext.runtime.graph_capacities import GraphCapacity
+
+    default = cct.TREE_CONFIG
+    for (name, _, capacity), t, x, w, pool in conv_rounds([("race_single", 1, GraphCapacity(480, 4, 3)),
+                                                          ("multirc", 1, GraphCapacity(1152, 36)),
+                                                          ("multirc", 8, GraphCapacity(9024, 282)),
+                                                          ("quality", 1, GraphCapacity(6336, 198))]):
         def run():
             return cct.causal_conv1d_tree_triton(x, w, None, pool, t.token_segment, t.seg_start, t.seg_len,
                                                  t.conv_history, t.history_slot, t.final_slot)
 
         want = run()
-        # Each tile setting with and without the interior tiles' fast path.
-        for cfg, fast in [(c, f) for c in CONV_CONFIGS for f in (True, False)]:
-            cct.TREE_CONFIG, cct.TREE_FAST_PATH = cfg, fast
+        for cfg in CONV_CONFIGS:
+            cct.TREE_CONFIG = cfg
             try:
                 same = bool(torch.equal(run(), want))
                 d = device_ms(run)
             finally:
-                cct.TREE_CONFIG, cct.TREE_FAST_PATH = default, default_fast
+                cct.TREE_CONFIG = default
             rows.append({"kernel": "conv_tree", "workload": name, "tokens": capacity.tokens, "config": cfg,
-                         "fast_path": fast, "device_ms": d, "equal_to_default": same})
-            print(f"conv {name:11s} T={capacity.tokens} {cfg} fast path {fast}: {1e3 * d:.1f} us, equal {same}",
-                  flush=True)
+                         "device_ms": d, "equal_to_default": same})
+            print(f"conv {name:11s} T={capacity.tokens} {cfg}: {1e3 * d:.1f} us, equal {same}", flush=True)
+
+
+def _regs(fn) -> dict:
+    """``n_regs`` and ``n_spills`` of the kernels ``fn`` (a Triton JIT function) compiled so far."""
+    out = []
+    try:
+        for cache in fn.device_caches.values():
+            for compiled in cache[0].values():
+                out.append((compiled.n_regs, compiled.n_spills))
+    except Exception as exc:  # the cache's layout differs between Triton versions
+        return {"error": repr(exc)}
+    return {"n_regs_spills": sorted(set(out))}
+
+
+def sweep_conv_variants(rows):
+    """The tree conv beside a per-row sources table variant and a plain tile copy
+    (``conv_variants.py``), with each kernel's registers and spills."""
+    import conv_variants as cv
+
+    import flide_ext.kernels.causal_conv1d.kernel as cct
+    from flide_ext.runtime.graph_capacities import GraphCapacity
+
+    default = cct.TREE_CONFIG
+    for (name, requests, capacity), t, x, w, pool in conv_rounds([("race_single", 1, GraphCapacity(480, 4, 3)),
+                                                                 ("multirc", 1, GraphCapacity(1152, 36)),
+                                                                 ("multirc", 8, GraphCapacity(9024, 282)),
+                                                                 ("race_single", 35, GraphCapacity(16384, 512)),
+                                                                 ("quality", 1, GraphCapacity(6336, 198))]):
+        tabs = (t.token_segment, t.seg_start, t.seg_len, t.conv_history, t.history_slot)
+
+        def tree():
+            return cct.causal_conv1d_tree_triton(x, w, None, pool, *tabs, t.final_slot)
+
+        want = tree()
+        src = cv.conv_sources(*tabs, 4)
+        base = {"workload": name, "requests": requests, "tokens": capacity.tokens}
+
+        def record(kind, cfg, fn, same, extra=None):
+            d = device_ms(fn)
+            rows.append({"kernel": kind, **base, "config": cfg, "device_ms": d, "equal_to_tree": same, **(extra or {})})
+            print(f"{kind:14s} {name:11s} x{requests:<3d} T={capacity.tokens:5d} {cfg}: {1e3 * d:7.1f} us, "
+                  f"equal {same} {extra or ''}", flush=True)
+
+        for cfg in [default, (32, 128, 8), (16, 128, 4), (16, 128, 2), (64, 128, 8)]:
+            cct.TREE_CONFIG = cfg
+            try:
+                same = bool(torch.equal(tree(), want))
+                record("conv_tree", cfg, tree, same, _regs(cct._causal_conv1d_tree_kernel))
+            finally:
+                cct.TREE_CONFIG = default
+        record("conv_sources_table", None, lambda: cv.conv_sources(*tabs, 4), None)
+        for windows in (True, False):
+            for cfg in [(32, 128, 4), (32, 128, 8), (64, 128, 4), (16, 128, 4), (64, 128, 8)]:
+                got, kernel = cv.conv_sources_triton(x, w, pool, src, windows, cfg)
+                record("conv_sources" + ("" if windows else "_nowin"), cfg,
+                       lambda: cv.conv_sources_triton(x, w, pool, src, windows, cfg), bool(torch.equal(got, want)),
+                       {"n_regs": getattr(kernel, "n_regs", None), "n_spills": getattr(kernel, "n_spills", None)})
+        for cfg in [(32, 128, 4), (64, 128, 4)]:
+            record("copy_tiles", cfg, lambda: cv.copy_tiles_triton(x, cfg), None)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="sweep.json")
-    parser.add_argument("--only", nargs="*", choices=["recurrent", "attention", "agent_attention", "states", "states_vs_fla", "conv"],
+    parser.add_argument("--only", nargs="*", choices=["recurrent", "attention", "agent_attention", "states", "states_vs_fla", "conv",
+                                                "conv_variants"],
                         help="run only these sweeps")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -314,7 +380,8 @@ def main() -> int:
         return 2
     rows: list = []
     steps = {"recurrent": sweep_recurrent, "attention": sweep_attention, "agent_attention": sweep_agent_attention, "states": sweep_states,
-             "states_vs_fla": states_vs_fla, "conv": sweep_conv}
+             "states_vs_fla": states_vs_fla, "conv": sweep_conv,
+             "conv_variants": sweep_conv_variants}
     for key, step in steps.items():
         if args.only and key not in args.only:
             continue

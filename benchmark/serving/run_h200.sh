@@ -47,8 +47,9 @@
 #               benchmark, `git archive OLD flide_ext benchmark | tar -x -C .baseline`) and this checkout's in turn,
 #               $AB_ROUNDS (2) times each, over the graphs $AB_CAPACITIES (those the default ladder picks for the
 #               workloads, and the next larger) -> $OUT/abprofile.tar.gz: a change's effect on one machine
-#   sweepconv   benchmark/kernels/sweep_kernels.py --only conv: the tree conv's tiles with and without its fast path
-#               -> $OUT/sweepconv.tar.gz
+#   sweepconv   benchmark/kernels/sweep_kernels.py --only $SWEEPCONV_ONLY (default conv: the tree conv's tile
+#               settings; conv_variants: beside a sources-table variant and a tile copy, with
+#               registers and spills) -> $OUT/sweepconv.tar.gz
 #   profile     benchmark/profile_round.py in process (no server may hold the GPU): an agent step resumed from
 #               the state cache at 8,000 + 400 and at 1,500 + 200 tokens, kernels by device time -> $OUT/profile.tar.gz
 #   fidelity    benchmark/bench_fidelity.py in process on --model: Flide and transformers bf16 against transformers
@@ -357,13 +358,14 @@ step_abprofile() {  # an older checkout's round against this one's, alternately,
     return $rc
 }
 
-step_sweepconv() {  # the tree conv's tile settings with and without its fast path, outputs compared bitwise
+step_sweepconv() {  # the tree conv's tile settings, outputs compared bitwise
     flide_env
     local rc=0
     mkdir -p "$RESULTS/sweepconv"
-    (cd /tmp && timeout 300 python3 "$REPO/benchmark/kernels/sweep_kernels.py" --only conv \
-        --out "$RESULTS/sweepconv/sweep_conv.json") > "$RESULTS/sweepconv/sweep_conv.log" 2>&1 || rc=1
-    grep "(32, 128, 4)\|equal False" "$RESULTS/sweepconv/sweep_conv.log"
+    local only=${SWEEPCONV_ONLY:-conv}
+    (cd /tmp && timeout 300 python3 "$REPO/benchmark/kernels/sweep_kernels.py" --only $only \
+        --out "$RESULTS/sweepconv/sweep_$only.json") > "$RESULTS/sweepconv/sweep_$only.log" 2>&1 || rc=1
+    grep "(32, 128, 4)\|equal False\|Error" "$RESULTS/sweepconv/sweep_$only.log"
     tar -czf "$OUT/sweepconv.tar.gz" -C "$RESULTS" sweepconv
     return $rc
 }
