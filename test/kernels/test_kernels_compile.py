@@ -141,7 +141,7 @@ def test_table_driven_kernels_compile_for_h200(monkeypatch):
     T, H, HV, K, V = cap.tokens, 16, 32, 128, 128
     C = 2 * H * K + HV * V
     rec_conv = record(monkeypatch, conv, "_causal_conv1d_tree_kernel")
-    rec_window = record(monkeypatch, conv, "_final_window_kernel")
+    rec_window = record(monkeypatch, conv, "_segment_edges_kernel")
     x = torch.zeros(T, C + 2 * HV, dtype=torch.bfloat16)[:, :C]  # the q/k/v columns of the stacked projection
     pool = torch.zeros(plan.num_segments, C, 3, dtype=torch.bfloat16)
     q, k, v = conv.causal_conv1d_tree_triton(x, torch.zeros(C, 4, dtype=torch.bfloat16), None, pool,

@@ -24,10 +24,6 @@ BLOCK_T, BLOCK_C = 32, 128
 # The whole-tree kernel's (rows, channels, warps) per program
 # (benchmark/kernels/sweep_kernels.py --only conv).
 TREE_CONFIG = (32, 128, 4)
-# Whether a tile whose rows all lie at least W-1 rows into their own segments
-# (most tiles of a long segment) skips the history lookups: its taps then read
-# only stream rows, with the same products summed in the same order.
-TREE_FAST_PATH = True
 
 
 @triton.jit
@@ -180,86 +176,98 @@ def _history_value(X, POOL, HISTORY, seg, slot, h, c, use, c_ok, stride_x, C, HI
 
 
 @triton.jit
-def _causal_conv1d_tree_kernel(
-    X, WEIGHT, BIAS, POOL, OUT, TOKEN_SEG, SEG_START, SEG_LEN, HISTORY, HISTORY_SLOT,
-    T, C, stride_x, stride_out, B1, B2,
-    WIDTH: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
-    HAS_BIAS: tl.constexpr, SILU: tl.constexpr, SPLIT: tl.constexpr, FAST: tl.constexpr,
-):
-    # One program per BLOCK_T consecutive stream rows (of any segments) and
-    # BLOCK_C channels: a row's taps before its segment read the segment's
-    # history rows, so the whole tree is one launch. With SPLIT the channel
-    # groups [0, B1), [B1, B2), [B2, C) are stored as three contiguous [T, width]
-    # tensors one after another (a block never straddles two).
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    c_ok = c < C
-    r_ok = rows < T
-    seg = tl.load(TOKEN_SEG + rows, mask=r_ok, other=0)
-    start = tl.load(SEG_START + seg, mask=r_ok, other=0)
-    n = tl.load(SEG_LEN + seg, mask=r_ok, other=0)
-    slot = tl.load(HISTORY_SLOT + seg, mask=r_ok, other=-1)
-    idx = rows - start
-    inside = r_ok & (idx >= 0) & (idx < n)
+def _tree_taps(X, WEIGHT, POOL, HISTORY, rows, seg, idx, inside, slot, c, c_ok, stride_x, C,
+               WIDTH: tl.constexpr, HEAD: tl.constexpr):
+    # The conv's sum at stream rows ``rows`` (index ``idx`` in segment ``seg``),
+    # float32, before bias and activation. A tap within the row's segment reads
+    # its stream row. With HEAD a tap before it reads the segment's history
+    # entry (a stream row, -1 for zero, -2 - e for entry e of the checkpoint
+    # window in ``slot``); without, zero.
     HIST: tl.constexpr = WIDTH - 1
-    acc = tl.zeros([BLOCK_T, BLOCK_C], tl.float32)
-    # A tile whose rows all have their W-1 inputs before them in their own
-    # segment: one load per tap, no history table (a zero history term adds
-    # nothing, so the sums are the general path's, bit for bit).
-    interior = tl.min(tl.where(r_ok, (inside & (idx >= HIST)).to(tl.int32), 1)) == 1
-    if FAST & interior:
-        for tap in tl.static_range(WIDTH):
-            xv = tl.load(X + (rows - HIST + tap).to(tl.int64)[:, None] * stride_x + c[None, :],
-                         mask=r_ok[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
-            w_tap = tl.load(WEIGHT + c * WIDTH + tap, mask=c_ok, other=0.0).to(tl.float32)
-            acc += xv * w_tap[None, :]
-    else:
-        taps = tl.arange(0, BLOCK_W)
-        weight = tl.load(WEIGHT + c[:, None] * WIDTH + taps[None, :], mask=c_ok[:, None] & (taps[None, :] < WIDTH),
-                         other=0.0).to(tl.float32)
-        for tap in tl.static_range(WIDTH):
-            src = idx - HIST + tap
-            own = inside & (src >= 0)
-            before = inside & (src < 0)  # the tap reads the segment's history entry HIST + src
-            e = _history_entry(HISTORY, seg, HIST + src, before, HIST)
-            # One gather of stream rows, the row's own or its history's, and the
-            # checkpoint window's entries beside it: each term is the general
-            # path's (the other one exactly zero), summed in the same order.
-            row = tl.where(own, rows - HIST + tap, e)
-            xv = tl.load(X + tl.maximum(row, 0).to(tl.int64)[:, None] * stride_x + c[None, :],
-                         mask=(own | (before & (e >= 0)))[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
-            wv = _window_value(POOL, slot[:, None], e, c, before, c_ok, C, HIST)
-            w_tap = tl.sum(tl.where(taps[None, :] == tap, weight, 0.0), axis=1)
-            acc += (xv + wv) * w_tap[None, :]
-    acc = _bias_activation(acc, BIAS, c, c_ok, HAS_BIAS, SILU)
-    acc = tl.where(inside[:, None], acc, 0.0)
+    acc = tl.zeros([rows.shape[0], c.shape[0]], tl.float32)
+    for tap in tl.static_range(WIDTH):
+        src = idx - HIST + tap
+        s = tl.where(inside & (src >= 0), rows - HIST + tap, -1)
+        if HEAD:
+            before = inside & (src < 0)
+            s = tl.where(before, _history_entry(HISTORY, seg, HIST + src, before, HIST).to(tl.int32), s)
+        xv = tl.load(X + tl.maximum(s, 0).to(tl.int64)[:, None] * stride_x + c[None, :],
+                     mask=(s >= 0)[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+        if HEAD:
+            xv += _window_value(POOL, slot, s, c, inside, c_ok, C, HIST)
+        w_tap = tl.load(WEIGHT + c * WIDTH + tap, mask=c_ok, other=0.0).to(tl.float32)
+        acc += xv * w_tap[None, :]
+    return acc
+
+
+@triton.jit
+def _store_rows(OUT, acc, rows, ok, c0, c, c_ok, T, C, stride_out, B1, B2, SPLIT: tl.constexpr):
+    # With SPLIT the channel groups [0, B1), [B1, B2), [B2, C) are stored as
+    # three contiguous [T, width] tensors one after another (a block of
+    # channels, the first ``c0``, never straddles two: the wrapper splits so only then).
     if SPLIT:
-        c0 = tl.program_id(1) * BLOCK_C
         first = tl.where(c0 >= B2, B2, tl.where(c0 >= B1, B1, 0))
         width = tl.where(c0 >= B2, C - B2, tl.where(c0 >= B1, B2 - B1, B1))
         dest = OUT + first.to(tl.int64) * T + rows.to(tl.int64)[:, None] * width + (c - first)[None, :]
     else:
         dest = OUT + rows.to(tl.int64)[:, None] * stride_out + c[None, :]
-    tl.store(dest, acc.to(OUT.dtype.element_ty), mask=r_ok[:, None] & c_ok[None, :])
+    tl.store(dest, acc.to(OUT.dtype.element_ty), mask=ok[:, None] & c_ok[None, :])
 
 
 @triton.jit
-def _final_window_kernel(
-    X, POOL, SEG_START, SEG_LEN, HISTORY, HISTORY_SLOT, FINAL, C, stride_x,
-    WIDTH: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
+def _causal_conv1d_tree_kernel(
+    X, WEIGHT, BIAS, OUT, TOKEN_SEG, SEG_START, SEG_LEN,
+    T, C, stride_x, stride_out, B1, B2,
+    WIDTH: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SILU: tl.constexpr, SPLIT: tl.constexpr,
 ):
-    # The last W-1 inputs on the path up to a kept segment's end.
+    # One program per BLOCK_T consecutive stream rows (of any segments) and
+    # BLOCK_C channels, so the whole tree is one launch. Taps before a row's
+    # segment read zero here: those rows (the first W-1 of each segment) are
+    # computed again by _segment_edges_kernel. History and window lookups in
+    # this kernel, masked or not, took registers and time from every tile
+    # (benchmark/kernels/conv_variants.py).
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = c < C
+    r_ok = rows < T
+    seg = tl.load(TOKEN_SEG + rows, mask=r_ok, other=0)
+    idx = rows - tl.load(SEG_START + seg, mask=r_ok, other=0)
+    inside = r_ok & (idx >= 0) & (idx < tl.load(SEG_LEN + seg, mask=r_ok, other=0))
+    # No history: the pool, history and slot arguments go unused.
+    acc = _tree_taps(X, WEIGHT, X, TOKEN_SEG, rows, seg, idx, inside, seg, c, c_ok, stride_x, C, WIDTH, False)
+    acc = _bias_activation(acc, BIAS, c, c_ok, HAS_BIAS, SILU)
+    acc = tl.where(inside[:, None], acc, 0.0)
+    _store_rows(OUT, acc, rows, r_ok, tl.program_id(1) * BLOCK_C, c, c_ok, T, C, stride_out, B1, B2, SPLIT)
+
+
+@triton.jit
+def _segment_edges_kernel(
+    X, WEIGHT, BIAS, POOL, OUT, SEG_START, SEG_LEN, HISTORY, HISTORY_SLOT, FINAL,
+    T, C, stride_x, stride_out, B1, B2,
+    WIDTH: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SILU: tl.constexpr, SPLIT: tl.constexpr,
+):
+    # Per segment, after the tree kernel: its first W-1 rows again, their taps
+    # before the segment reading its history (stream rows of its ancestors or a
+    # checkpoint's window; the same terms in the same order as every other row);
+    # then the last W-1 inputs on the path up to a kept segment's end, into its
+    # final window.
     seg = tl.program_id(0)
+    HIST: tl.constexpr = WIDTH - 1
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = c < C
+    start = tl.load(SEG_START + seg)
+    n = tl.load(SEG_LEN + seg)
+    slot = tl.load(HISTORY_SLOT + seg)
+    h = tl.arange(0, BLOCK_W)
+    h_ok = h < HIST
+    head = h_ok & (h < n)
+    acc = _tree_taps(X, WEIGHT, POOL, HISTORY, start + h, seg, h, head, slot, c, c_ok, stride_x, C, WIDTH, True)
+    acc = _bias_activation(acc, BIAS, c, c_ok, HAS_BIAS, SILU)
+    _store_rows(OUT, acc, start + h, head, tl.program_id(1) * BLOCK_C, c, c_ok, T, C, stride_out, B1, B2, SPLIT)
     last = tl.load(FINAL + seg)
     if last >= 0:
-        HIST: tl.constexpr = WIDTH - 1
-        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        c_ok = c < C
-        start = tl.load(SEG_START + seg)
-        n = tl.load(SEG_LEN + seg)
-        slot = tl.load(HISTORY_SLOT + seg)
-        h = tl.arange(0, BLOCK_W)
-        h_ok = h < HIST
         src = n - HIST + h
         own = h_ok & (src >= 0)
         xv = tl.load(X + (start + src).to(tl.int64)[:, None] * stride_x + c[None, :],
@@ -283,9 +291,13 @@ def causal_conv1d_tree_triton(
     activation: Optional[str] = "silu",
     split: Optional[Sequence[int]] = None,
 ):
-    """Triton causal conv1d over a whole prefix tree in one launch (plus one
-    small launch writing the final windows of kept segments); arguments, shapes
-    and result as :func:`flide_ext.kernels.causal_conv1d.reference.causal_conv1d_tree_ref`.
+    """Triton causal conv1d over a whole prefix tree in one launch, plus one
+    small launch with a program per segment that computes again its first W-1
+    rows (whose taps reach its history) and writes the final windows of kept segments;
+    arguments, shapes and result as
+    :func:`flide_ext.kernels.causal_conv1d.reference.causal_conv1d_tree_ref`. No
+    ``final_slot`` may be a slot the round reads (a ``history_slot``): the
+    segments' programs run in no set order.
     Tables are read as given (int32 from :mod:`.tables` avoids conversions).
     The grid depends only on ``T``, ``C`` and ``S``, so the launch replays in a
     CUDA graph for any round of the same table shapes. With ``split`` the kernel
@@ -307,17 +319,16 @@ def causal_conv1d_tree_triton(
         tables = [t if t.is_contiguous() else t.contiguous()
                   for t in (token_segment, seg_start, seg_len, history, history_slot)]
         weight = weight.contiguous()
-        meta = dict(WIDTH=W, BLOCK_W=triton.next_power_of_2(W), BLOCK_C=BLOCK_C)
+        common = (weight, bias.contiguous() if bias is not None else weight)
+        flags = dict(HAS_BIAS=bias is not None, SILU=activation == "silu", SPLIT=in_place, WIDTH=W)
         _causal_conv1d_tree_kernel[(triton.cdiv(T, block_t), triton.cdiv(C, block_c))](
-            x, weight, bias.contiguous() if bias is not None else weight, conv_pool, buffer, *tables,
-            T, C, x.stride(0), C, b1, b2, BLOCK_T=block_t, HAS_BIAS=bias is not None,
-            SILU=activation == "silu", SPLIT=in_place, FAST=TREE_FAST_PATH,
-            WIDTH=W, BLOCK_W=triton.next_power_of_2(W), BLOCK_C=block_c, num_warps=warps,
+            x, *common, buffer, *tables[:3], T, C, x.stride(0), C, b1, b2,
+            BLOCK_T=block_t, BLOCK_C=block_c, num_warps=warps, **flags,
         )
         if W > 1 and seg_start.numel():
-            _final_window_kernel[(seg_start.numel(), triton.cdiv(C, BLOCK_C))](
-                x, conv_pool, tables[1], tables[2], tables[3], tables[4], final_slot.contiguous(), C, x.stride(0),
-                **meta,
+            _segment_edges_kernel[(seg_start.numel(), triton.cdiv(C, block_c))](
+                x, *common, conv_pool, buffer, *tables[1:], final_slot.contiguous(), T, C, x.stride(0), C, b1, b2,
+                BLOCK_W=triton.next_power_of_2(W), BLOCK_C=block_c, **flags,
             )
     if split is None:
         return out
