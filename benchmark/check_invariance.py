@@ -47,11 +47,12 @@ from bench_decision import model_config, requests_for  # noqa: E402
 
 from flide_ext import Engine  # noqa: E402
 from flide_ext.assets.random_checkpoints import random_model, with_head_scale  # noqa: E402
-from flide_ext.protocol.errors import ModelLoadError  # noqa: E402
+from flide_ext.protocol.errors import FlideError, ModelLoadError  # noqa: E402
 from flide_ext.runtime.capacity import RoundCapacity  # noqa: E402
 from flide_ext.runtime.graph_capacities import default_capacities  # noqa: E402
 from flide_ext.runtime.model_runner import check_device  # noqa: E402
 from flide_ext.runtime.rounds import request_size  # noqa: E402
+from flide_ext.server.cache_args import cache_settings  # noqa: E402
 
 WORKLOADS = ("race", "multirc", "quality")
 FILLERS = ("race_single", "race", "multirc")  # small enough for 200 in a round
@@ -192,6 +193,8 @@ def main(argv=None) -> int:
     parser.add_argument("--head-scale", type=float, default=1.0, help="LM head init scale (not 1: peaked answers, the head untied)")
     parser.add_argument("--deterministic", action="store_true", help="the engine in deterministic mode")
     parser.add_argument("--strict", action="store_true", help="exit 1 when any answer differs")
+    parser.add_argument("--state-cache-gb", default=None,
+                        help="the state cache's budget in GiB, as the server's flag (default: the engine's own)")
     parser.add_argument("--out", help="JSON file of every condition")
     args = parser.parse_args(argv)
     try:
@@ -209,6 +212,11 @@ def main(argv=None) -> int:
         return 2
     if not 0 < args.scale <= 1:
         print(f"check_invariance.py: --scale {args.scale} must be in (0, 1]", file=sys.stderr)
+        return 2
+    try:
+        cache, _ = cache_settings(False, args.state_cache_gb, None, str(device))
+    except FlideError as e:
+        print(f"check_invariance.py: {e}", file=sys.stderr)
         return 2
     try:
         with_head_scale(config, args.head_scale)
@@ -234,7 +242,7 @@ def main(argv=None) -> int:
     graphs = default_capacities(default.tokens, default.segments, lean_levels=3) if device.type == "cuda" else None
     probes = mixed(args.probes, config.vocab_size, seed=5)
     tokens, segments = largest_round(probes, args.others, config.vocab_size)
-    engine = Engine(args.model, dtype=dtype, device=device, model=model, deterministic=args.deterministic,
+    engine = Engine(args.model, dtype=dtype, device=device, model=model, deterministic=args.deterministic, **cache,
                     round_capacity=RoundCapacity(tokens=max(tokens, default.tokens),
                                                  segments=max(segments, default.segments)),
                     graph_capacities=graphs)
@@ -257,7 +265,8 @@ def main(argv=None) -> int:
         Path(args.out).write_text(json.dumps({
             "settings": {**vars(args), "start_s": start_s, "deterministic_mode": engine.runner.deterministic,
                          "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-                         "graphs": len(engine.graphs.capacities) if engine.graphs is not None else 0},
+                         "graphs": len(engine.graphs.capacities) if engine.graphs is not None else 0,
+                         "state_cache_bytes": engine.state_cache_bytes},
             "conditions": rows, "bitwise_equal": total - differ, "questions": total}, indent=1))
     return 1 if args.strict and differ else 0
 

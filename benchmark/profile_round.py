@@ -51,7 +51,9 @@ from bench_decision import WORKLOADS, model_config, requests_for  # noqa: E402
 
 from flide_ext import Engine  # noqa: E402
 from flide_ext.assets.random_checkpoints import random_model  # noqa: E402
+from flide_ext.protocol.errors import FlideError  # noqa: E402
 from flide_ext.runtime.graph_capacities import parse_capacities  # noqa: E402
+from flide_ext.server.cache_args import cache_settings  # noqa: E402
 
 
 def kernel_table(prof, cuda: bool) -> list[dict]:
@@ -229,6 +231,8 @@ def main(argv=None) -> int:
     parser.add_argument("--host-profile", type=int, default=0, metavar="ROUNDS",
                         help="after the profiles, cProfile this many rounds of each workload: the host's functions "
                              "by their own time per round")
+    parser.add_argument("--state-cache-gb", default=None,
+                        help="the state cache's budget in GiB, as the server's flag (default: the engine's own)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--dump-fla-configs", default=None, metavar="DIR",
                         help="after the run, write the configurations fla-core's autotuners chose (GPU only)")
@@ -254,10 +258,15 @@ def main(argv=None) -> int:
         except ValueError as err:
             print(f"profile_round.py: --graph-capacities: {err}", file=sys.stderr)
             return 2
+    try:
+        cache, _ = cache_settings(False, args.state_cache_gb, None, args.device)
+    except FlideError as err:
+        print(f"profile_round.py: {err}", file=sys.stderr)
+        return 2
     dtype = getattr(torch, args.dtype)
     model = random_model(config, dtype, device, seed=0)
     engine = Engine(args.model, dtype=dtype, device=device, model=model, cuda_graphs=args.graphs,
-                    graph_capacities=capacities)
+                    graph_capacities=capacities, **cache)
     if args.readout == "labels":
         # Every round's requests normalised over their labels, as the server runs them.
         run_round, run_rounds = engine.run_round, engine.run_rounds
@@ -322,6 +331,7 @@ def main(argv=None) -> int:
         print(f"fla configurations of {dump(args.dump_fla_configs)} kernels written to {args.dump_fla_configs}")
     if args.out:
         out = results[0] if len(results) == 1 else {"model": args.model, "graphs": args.graphs, "workloads": results}
+        out = {**out, "state_cache_bytes": engine.state_cache_bytes}
         Path(args.out).write_text(json.dumps(out, indent=1))
     return 0
 

@@ -66,8 +66,9 @@
 #               installed first (--install .whl-sglang: the examples' renderer imports its decision protocol)
 #   sources     benchmark/precision_sources.py in process on --model: each step in float32 in turn, MultiRC
 #               ($SOURCES_REQUESTS requests, default 16) -> $OUT/sources.tar.gz
-#   invariance  benchmark/check_invariance.py in process ($INV_PROBES probe requests, default 12), default mode and
-#               deterministic mode ($INV_MODES) -> $OUT/invariance.tar.gz
+#   invariance  benchmark/check_invariance.py in process ($INV_PROBES probe requests, default 12; $INV_OTHERS, the
+#               other requests' counts, default the script's), default mode and deterministic mode ($INV_MODES)
+#               -> $OUT/invariance.tar.gz
 # Back in $OUT: flide.tar.gz / sglang.tar.gz / compare.tar.gz (each run's NAME.json, .md, .png, .log),
 # LABEL_server.log (flide_server.log, flide_off_server.log), sglang_server.log ($OUT brings back at most 8 files).
 # Options:
@@ -100,7 +101,9 @@
 # (each sgl_* level draws its requests with seed SGL_SEED + clients, default 42 + clients: no level repeats another's
 # requests, whose states the server's cache would hold; give both engines the same SGL_SEED), SMI_LOG
 # (a file in $OUT for nvidia-smi's clocks, power and throttle reasons each second of the call), SHAPE (qwen3.5-4b), HEAD_SCALE (1: the head tied, as in every recorded run; another value unties it), FLIDE_FLAGS (extra flags for Flide's server), FLIDE_LABEL
-# (its results' name, default flide; e.g. flide_off for a run with --disable-radix-cache).
+# (its results' name, default flide; e.g. flide_off for a run with --disable-radix-cache), STATE_CACHE_GB (the
+# in-process engine's state cache for inprofile and invariance: with the engine's default budget both ran out of
+# memory capturing their graphs on an 80 GB H100, 2026-12-07; 8 fits there).
 set -uo pipefail
 REPO=$(pwd)
 OUT=${OUT:-/tmp/bench_out}
@@ -332,7 +335,7 @@ step_inprofile() {  # the fresh-state workloads in process, one request at a tim
     mkdir -p "$RESULTS/inprofile"
     (cd /tmp && timeout "${INPROFILE_TIMEOUT:-400}" python3 "$REPO/benchmark/profile_round.py" --model "$SHAPE" \
         --workload ${INPROC_WORKLOADS:-race_single multirc quality} --load-rounds "${LOAD_ROUNDS:-20}" --top 30 \
-        ${INPROFILE_ARGS:-} --out "$RESULTS/inprofile/profile.json") > "$RESULTS/inprofile/profile.log" 2>&1 || rc=1
+        ${STATE_CACHE_GB:+--state-cache-gb $STATE_CACHE_GB} ${INPROFILE_ARGS:-} --out "$RESULTS/inprofile/profile.json") > "$RESULTS/inprofile/profile.log" 2>&1 || rc=1
     grep "round, p50\|after load\|^load:\|stream tokens (" "$RESULTS/inprofile/profile.log"
     tar -czf "$OUT/inprofile.tar.gz" -C "$RESULTS" inprofile
     return $rc
@@ -458,6 +461,7 @@ step_invariance() {
         # shellcheck disable=SC2046
         (cd /tmp && timeout "${INV_TIMEOUT:-280}" python3 "$REPO/benchmark/check_invariance.py" --model "$SHAPE" \
             --probes "${INV_PROBES:-12}" $([ $mode = deterministic ] && echo --deterministic) \
+            ${INV_OTHERS:+--others $INV_OTHERS} ${STATE_CACHE_GB:+--state-cache-gb $STATE_CACHE_GB} \
             --out "$RESULTS/invariance/$mode.json") \
             > "$RESULTS/invariance/$mode.log" 2>&1 || rc=1
         grep -v "^\[\|it/s\]" "$RESULTS/invariance/$mode.log" | tail -n 4

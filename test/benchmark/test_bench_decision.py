@@ -73,9 +73,11 @@ def test_profile_round_smoke(tmp_path):
     # A loaded round: three requests' trees in one flat stream; then a round of load
     # (run_rounds, its requests normalised over their labels as the server's are).
     multi = main_in_process(_script_main("profile_round"), "--model", "tiny-qwen3.5", "--device", "cpu", "--dtype",
-                            "float32", "--scale", "0.1", "--requests", "3", "--load-rounds", "1", "--out", str(out))
+                            "float32", "--scale", "0.1", "--requests", "3", "--load-rounds", "1",
+                            "--state-cache-gb", "0.125", "--out", str(out))
     assert multi.returncode == 0, multi.stderr[-2000:]
     report = json.loads(out.read_text())
+    assert report["state_cache_bytes"] == 2**27  # the engine got the budget given
     sys.path.insert(0, str(ROOT / "benchmark"))
     try:
         from bench_decision import model_config, requests_for
@@ -95,6 +97,9 @@ def test_profile_round_smoke(tmp_path):
     bad = main_in_process(_script_main("profile_round"), "--model", "tiny-qwen3.5", "--device", "cpu",
                           "--requests", "0")
     assert bad.returncode == 2 and "--requests" in bad.stderr
+    bad = main_in_process(_script_main("profile_round"), "--model", "tiny-qwen3.5", "--device", "cpu",
+                          "--state-cache-gb", "-2")
+    assert bad.returncode == 2 and "--state-cache-gb" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     # An agent step resumed from the state cache: only the new history and criteria are computed.
     agent = subprocess.run([sys.executable, str(script), "--model", "tiny-qwen3.5", "--device", "cpu", "--dtype",
                             "float32", "--agent", "200:70", "--out", str(out)], capture_output=True, text=True,
