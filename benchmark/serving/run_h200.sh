@@ -99,7 +99,10 @@
 #                     (SGLang's 115-200 s) is paid once when the workloads are split over several calls
 # Environment: SGL_LEVELS (client counts of the sgl_* presets, e.g. "64"; default 1 8 64, QuALITY 1 8), SGL_SEED
 # (each sgl_* level draws its requests with seed SGL_SEED + clients, default 42 + clients: no level repeats another's
-# requests, whose states the server's cache would hold; give both engines the same SGL_SEED), SMI_LOG
+# requests, whose states the server's cache would hold; give both engines the same SGL_SEED),
+# SGL_PER_CLIENT (each sgl_* level sends at least clients x this many requests, e.g. 32: 2,048 at 64 clients; with
+# 512 requests at 64 clients the 2026-12-07 levels ran 56.7-61.6 requests in flight on average, not 64, and their
+# questions/s were 8-11% below 64 / p50; the JSON line's "concurrency" says how close a level came), SMI_LOG
 # (a file in $OUT for nvidia-smi's clocks, power and throttle reasons each second of the call), SHAPE (qwen3.5-4b), HEAD_SCALE (1: the head tied, as in every recorded run; another value unties it), FLIDE_FLAGS (extra flags for Flide's server), FLIDE_LABEL
 # (its results' name, default flide; e.g. flide_off for a run with --disable-radix-cache), STATE_CACHE_GB (the
 # in-process engine's state cache for inprofile and invariance: with the engine's default budget both ran out of
@@ -220,6 +223,10 @@ run_sglang_bench() {  # run_sglang_bench LABEL NAME: SGLang's bench_serving (ben
     [ "$dataset" = quality ] && { prompts=32; levels="1 8"; }
     levels=${SGL_LEVELS:-$levels}
     for clients in $levels; do
+        local n=$prompts
+        # SGL_PER_CLIENT: at least that many requests per client, so that a level's ramp and drain
+        # (fewer requests in flight than clients) are a small part of its duration.
+        [ -n "${SGL_PER_CLIENT:-}" ] && [ $((clients * SGL_PER_CLIENT)) -gt "$n" ] && n=$((clients * SGL_PER_CLIENT))
         # A level run again replaces only its own line: one preset's levels may be split over calls
         # (SGL_LEVELS), and the lines of levels run by an earlier call stay.
         [ -f "$RESULTS/$label/$name.jsonl" ] && python3 -c 'import json, sys
@@ -229,7 +236,7 @@ open(path, "w").writelines(kept)' "$RESULTS/$label/$name.jsonl" "$clients"
         log "$label $name: bench_serving_sglang.py --dataset-name $dataset --max-concurrency $clients"
         # shellcheck disable=SC2086
         (cd /tmp && timeout 300 python3 "$REPO/benchmark/bench_serving_sglang.py" --backend decision-score \
-            --base-url "http://127.0.0.1:$PORT" --model "$MODEL" --dataset-name "$dataset" --num-prompts $prompts \
+            --base-url "http://127.0.0.1:$PORT" --model "$MODEL" --dataset-name "$dataset" --num-prompts $n \
             --max-concurrency "$clients" --seed $((${SGL_SEED:-42} + clients)) --tag "$label" --disable-tqdm \
             --output-file "$RESULTS/$label/$name.jsonl" \
             $BENCH_ARGS) >> "$RESULTS/$label/$name.log" 2>&1 || { rc=1; tail -n 3 "$RESULTS/$label/$name.log"; }
