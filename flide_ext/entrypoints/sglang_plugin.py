@@ -21,7 +21,9 @@ logits are always float32, :mod:`flide_ext.layers.readout`), ``--watchdog-timeou
 ``--max-body-mb``, ``--body-read-timeout``, ``--request-timeout``,
 ``--heartbeat-timeout`` and ``--round-seconds`` (Flide's own) are added to
 SGLang's flags. Any other flag set away from its default is refused with a
-message naming it as typed (Flide does not silently ignore a setting). A scheduler that
+message naming it as typed (Flide does not silently ignore a setting); under
+``--decision-mode`` a flag argparse cannot parse is one line, not SGLang's usage
+(exit status 2 either way). A scheduler that
 fails while serving ends the launcher with status 1.
 
 ``sglang serve --decision-mode ...`` (SGLang's recommended launcher, which loads
@@ -61,7 +63,19 @@ def _add_flag(result, parser: argparse.ArgumentParser):
     from .server_flags import add_server_flags
 
     add_server_flags(parser, prefix="Under --decision-mode: ")
+    if "--decision-mode" in sys.argv[1:]:
+        _one_line_errors(parser)
     return result
+
+
+def _one_line_errors(parser: argparse.ArgumentParser) -> None:
+    # argparse prints a parser's whole usage before its error: SGLang's runs to
+    # several hundred lines, with the error last. A decision server's bad flag is
+    # one line, as Flide's own CLI's are; the exit status stays argparse's 2.
+    def error(message: str):
+        parser.exit(2, f"{parser.prog}: error: {message} (--help lists the flags)\n")
+
+    parser.error = error
 
 
 def _sglang_options() -> dict:

@@ -37,6 +37,27 @@ def test_flags_flide_cannot_honour_are_refused(char_model_dir):
         "--decision-mode: Flide cannot honour --enable-lora, --tp-size; remove them"
 
 
+def test_a_flag_argparse_cannot_parse_is_one_line_under_decision_mode(char_model_dir):
+    """SGLang's parser prints its whole usage (hundreds of lines) before an
+    argparse error; under --decision-mode the error is one line, exit status 2,
+    from either launcher. Without --decision-mode SGLang's own behaviour stays."""
+    from pathlib import Path
+
+    serve = [str(Path(sys.executable).parent / "sglang"), "serve"]
+    for command, wanted in ((launch("--decision-mode", "--model-path", str(char_model_dir), "--bogus-flag", "1"),
+                             "unrecognized arguments: --bogus-flag 1"),
+                            ([*serve, "--decision-mode", "--model-path", str(char_model_dir), "--port", "eighty"],
+                             "argument --port: invalid int value: 'eighty'")):
+        run = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
+        assert run.returncode == 2, run.stderr[-2000:]
+        errors = [line for line in run.stderr.splitlines() if "error" in line]
+        assert errors == [f"sglang serve: error: {wanted} (--help lists the flags)"], run.stderr[-2000:]
+        assert "usage:" not in run.stderr
+    plain = subprocess.run(launch("--model-path", str(char_model_dir), "--bogus-flag", "1"), capture_output=True,
+                           text=True, env=ENV, timeout=300)
+    assert plain.returncode == 2 and "usage:" in plain.stderr
+
+
 def test_refused_flags_are_named_as_typed():
     """A refused flag is named as the command line gave it: an alias, an
     abbreviation argparse accepted, ``--flag=value``; given no other way, by its
