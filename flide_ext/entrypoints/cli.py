@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..protocol.errors import FlideError, RequestError
+from .parser_errors import OneLineParser
 
 
 class CLIError(Exception):
@@ -198,7 +199,7 @@ def run_serve(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="flide", description="Exact forked decision inference.")
+    parser = OneLineParser(prog="flide", description="Exact forked decision inference.")
     sub = parser.add_subparsers(dest="command", required=True)
     decide = sub.add_parser("decide", help="answer a JSON-lines file of /v1/decisions requests")
     decide.add_argument("--model", required=True, help="checkpoint directory or built-in name (smollm2-135m)")

@@ -64,18 +64,11 @@ def _add_flag(result, parser: argparse.ArgumentParser):
 
     add_server_flags(parser, prefix="Under --decision-mode: ")
     if "--decision-mode" in sys.argv[1:]:
-        _one_line_errors(parser)
+        # SGLang's behaviour without --decision-mode stays its own.
+        from .parser_errors import one_line_errors
+
+        one_line_errors(parser)
     return result
-
-
-def _one_line_errors(parser: argparse.ArgumentParser) -> None:
-    # argparse prints a parser's whole usage before its error: SGLang's runs to
-    # several hundred lines, with the error last. A decision server's bad flag is
-    # one line, as Flide's own CLI's are; the exit status stays argparse's 2.
-    def error(message: str):
-        parser.exit(2, f"{parser.prog}: error: {message} (--help lists the flags)\n")
-
-    parser.error = error
 
 
 def _sglang_options() -> dict:

@@ -171,3 +171,17 @@ def test_serve_refuses_bad_liveness_flags_in_one_line(char_model_dir):
         run = main_in_process(flide_main, "serve", "--model-path", str(char_model_dir), "--port", "0", flag, value)
         assert run.returncode == 2 and run.stderr.count("\n") == 1 and f"{flag} must be a positive" in run.stderr, \
             run.stderr
+
+
+def test_a_flag_argparse_cannot_parse_is_one_line():
+    """argparse's usage block is not printed before a parse error: the error
+    alone, one line, exit 2, for the top-level parser and each subcommand's."""
+    cases = ((["serve", "--model-path", "m", "--tp", "2"], "flide: error: unrecognized arguments: --tp 2"),
+             (["serve", "--model-path", "m", "--port", "y"], "flide serve: error: argument --port: invalid int value"),
+             (["decide", "--model", "m"], "flide decide: error: the following arguments are required: --input"),
+             ([], "flide: error: the following arguments are required: command"))
+    for i, (args, start) in enumerate(cases):  # the first as a user runs it, the others in process
+        run = (flide if i == 0 else lambda *a: main_in_process(flide_main, *a))(*args)
+        assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+        assert run.stderr.startswith(start) and run.stderr.endswith("(--help lists the flags)\n"), run.stderr
+    assert "usage: flide serve" in flide("serve", "--help").stdout  # --help still prints the usage
