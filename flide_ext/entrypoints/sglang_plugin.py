@@ -63,12 +63,20 @@ def _add_flag(result, parser: argparse.ArgumentParser):
     from .server_flags import add_server_flags
 
     add_server_flags(parser, prefix="Under --decision-mode: ")
-    if "--decision-mode" in sys.argv[1:]:
+    if decision_mode_given():
         # SGLang's behaviour without --decision-mode stays its own.
         from .parser_errors import one_line_errors
 
         one_line_errors(parser)
     return result
+
+
+def decision_mode_given(argv: Optional[list] = None) -> bool:
+    """Whether ``argv`` (default ``sys.argv[1:]``) gives ``--decision-mode``,
+    or an abbreviation of it as argparse accepts one (``--decision``): checked
+    before SGLang's parser runs."""
+    argv = sys.argv[1:] if argv is None else argv
+    return any(a.startswith("--deci") and "--decision-mode".startswith(a) for a in argv)
 
 
 def _sglang_options() -> dict:
@@ -203,7 +211,7 @@ def _around_diffusion_check(original, *args, **kwargs) -> bool:
     # the model hub for a name that is not a local directory (Flide's built-in
     # ``smollm2-135m``: ~40 s of retries offline). A decision server serves a
     # causal LM: under --decision-mode the answer is no, at once.
-    if "--decision-mode" in sys.argv[1:]:
+    if decision_mode_given():
         return False
     return original(*args, **kwargs)
 

@@ -46,6 +46,8 @@ def test_a_flag_argparse_cannot_parse_is_one_line_under_decision_mode(char_model
     serve = [str(Path(sys.executable).parent / "sglang"), "serve"]
     for command, wanted in ((launch("--decision-mode", "--model-path", str(char_model_dir), "--bogus-flag", "1"),
                              "unrecognized arguments: --bogus-flag 1"),
+                            (launch("--decision", "--model-path", str(char_model_dir), "--port", ""),  # abbreviated
+                             "argument --port: invalid int value: ''"),
                             ([*serve, "--decision-mode", "--model-path", str(char_model_dir), "--port", "eighty"],
                              "argument --port: invalid int value: 'eighty'")):
         run = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
@@ -174,8 +176,12 @@ def test_diffusion_check_answers_no_at_once_under_decision_mode(monkeypatch):
 
     monkeypatch.setattr(sys, "argv", ["sglang", "serve", "--decision-mode", "--model-path", "smollm2-135m"])
     assert _around_diffusion_check(original, "smollm2-135m") is False and asked == []
+    monkeypatch.setattr(sys, "argv", ["sglang", "serve", "--decision", "--model-path", "smollm2-135m"])
+    assert _around_diffusion_check(original, "smollm2-135m") is False and asked == []  # argparse's abbreviation
     monkeypatch.setattr(sys, "argv", ["sglang", "serve", "--model-path", "org/flux"])
     assert _around_diffusion_check(original, "org/flux") is True and asked == ["org/flux"]
+    monkeypatch.setattr(sys, "argv", ["sglang", "serve", "--model-path", "org/flux", "--decode-log-interval", "5"])
+    assert _around_diffusion_check(original, "org/flux") is True and asked == ["org/flux"] * 2
 
 
 def _sglang_parser():
