@@ -41,3 +41,9 @@ def add_server_flags(parser: argparse.ArgumentParser, prefix: str = "") -> None:
     """Add Flide's own server flags to ``parser``, each help text after ``prefix``."""
     for flag, metavar, kind, text in _flags():
         parser.add_argument(flag, metavar=metavar, type=kind, help=prefix + text)
+
+
+def flags_given(args: argparse.Namespace) -> list[str]:
+    """Flide's own server flags that ``args`` sets (each unset one is None), as
+    their option strings, in declaration order."""
+    return [flag for flag, *_ in _flags() if getattr(args, flag[2:].replace("-", "_"), None) is not None]

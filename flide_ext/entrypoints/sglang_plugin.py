@@ -21,7 +21,8 @@ logits are always float32, :mod:`flide_ext.layers.readout`), ``--watchdog-timeou
 ``--max-body-mb``, ``--body-read-timeout``, ``--request-timeout``,
 ``--heartbeat-timeout`` and ``--round-seconds`` (Flide's own) are added to
 SGLang's flags. Any other flag set away from its default is refused with a
-message naming it as typed (Flide does not silently ignore a setting); under
+message naming it as typed (Flide does not silently ignore a setting), and
+Flide's own flags without ``--decision-mode`` are refused the same way; under
 ``--decision-mode`` a flag argparse cannot parse is one line, not SGLang's usage
 (exit status 2 either way). A scheduler that
 fails while serving ends the launcher with status 1.
@@ -183,6 +184,13 @@ def _cache(args: argparse.Namespace) -> dict:
 def _around_from_cli_args(original, *call_args, **kwargs):
     args = call_args[-1] if call_args else kwargs["args"]
     if not getattr(args, "decision_mode", False):
+        from .server_flags import flags_given
+
+        own = flags_given(args)
+        if own:  # SGLang's engine would ignore them: a forgotten --decision-mode
+            print(f"{', '.join(own)} {'applies' if len(own) == 1 else 'apply'} to Flide's decision server only: "
+                  f"add --decision-mode or remove {'it' if len(own) == 1 else 'them'}", file=sys.stderr)
+            sys.exit(2)
         return original(*call_args, **kwargs)
     # Decision mode: Flide's server runs here and the process ends with it, so
     # SGLang's GPU engine is never configured.

@@ -60,6 +60,27 @@ def test_a_flag_argparse_cannot_parse_is_one_line_under_decision_mode(char_model
     assert plain.returncode == 2 and "usage:" in plain.stderr
 
 
+def test_flide_flags_without_decision_mode_are_refused():
+    """SGLang's own engine would ignore Flide's flags: given without
+    --decision-mode they are refused in one line (exit 2) before SGLang
+    configures anything; without them SGLang's path is taken as before."""
+    from flide_ext.entrypoints.sglang_plugin import _around_from_cli_args, _add_flag
+
+    parser = _sglang_parser()
+    _add_flag(None, parser)
+    taken = []
+    plain = parser.parse_args(["--model-path", "m"])
+    assert _around_from_cli_args(lambda a: taken.append(a) or "engine", plain) == "engine" and taken == [plain]
+    given = parser.parse_args(["--model-path", "m", "--state-cache-gb", "2", "--round-seconds", "0.5"])
+    with pytest.raises(SystemExit) as stop:
+        _around_from_cli_args(lambda a: taken.append(a), given)
+    assert stop.value.code == 2 and taken == [plain]
+    run = subprocess.run(launch("--model-path", "m", "--max-body-mb", "lots"), capture_output=True, text=True,
+                         env=ENV, timeout=300)
+    assert run.returncode == 2 and run.stderr.strip().splitlines()[-1] == \
+        "--max-body-mb applies to Flide's decision server only: add --decision-mode or remove it", run.stderr
+
+
 def test_refused_flags_are_named_as_typed():
     """A refused flag is named as the command line gave it: an alias, an
     abbreviation argparse accepted, ``--flag=value``; given no other way, by its
