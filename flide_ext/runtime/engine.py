@@ -64,7 +64,7 @@ class Engine:
             from which later requests that extend it resume; False is SGLang's
             ``--disable-radix-cache``.
         state_cache_bytes: the cache's memory (K/V rows and GDN slots), on top of one
-            round's working rows; default :func:`~.model_runner.default_cache_bytes`.
+            round's working rows; default :func:`~.cache_budget.default_cache_bytes`.
         model: an already built Flide model to serve instead of loading ``model_path``,
             which then only names it (benchmarks: :func:`~flide_ext.assets.random_checkpoints.random_model`).
         round_capacity: most stream tokens, segments and requests per round

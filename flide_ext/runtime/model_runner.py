@@ -20,6 +20,7 @@ from ..models.base import RESIDUAL_DTYPE
 from ..models.loader import load_model
 from ..plan.flat import FlatPlan
 from ..protocol.errors import ModelLoadError
+from .cache_budget import cache_sizes, default_cache_bytes, round_working_bytes
 from .capacity import RoundCapacity
 from .determinism import enable_deterministic
 from .graph_capacities import GraphCapacity, default_capacities
@@ -62,43 +63,6 @@ def check_device(device) -> torch.device:
     return device
 
 
-def default_cache_bytes(device: torch.device) -> int:
-    """The state cache's default budget: 40% of the GPU memory free once the
-    weights are loaded; 256 MiB on the CPU."""
-    if device.type != "cuda":
-        return 256 << 20
-    free, _ = torch.cuda.mem_get_info(device)
-    return max(int(0.4 * free), 1 << 20)
-
-
-def cache_sizes(model, dtype: torch.dtype, budget: int) -> tuple[int, int, int]:
-    """How a state-cache budget is spent: ``(K/V rows, GDN slots, bytes per slot)``.
-
-    A K/V row holds one token of every attention layer; a slot one state of
-    every GDN layer. GDN models give slots the share of the budget one
-    checkpoint per ``2 * 1024`` cached tokens would take, at least 2 slots.
-
-    Args:
-        model: the Flide model.
-        dtype: the model dtype.
-        budget: bytes for the cache (0: none).
-    """
-    item = torch.empty(0, dtype=dtype).element_size()
-    row_bytes = sum((h * d + h * dv) * item for h, d, dv in model.attention_shapes())
-    slot_bytes = 0
-    if model.num_gdn_layers:
-        (hv, kd, vd), conv = model.gdn_state_shapes()
-        slot_bytes = model.num_gdn_layers * (hv * kd * vd * 4 + conv[0] * conv[1] * item)
-    if budget <= 0:
-        return 0, 0, slot_bytes
-    slots = 0
-    if slot_bytes:
-        share = slot_bytes / (slot_bytes + 2048 * row_bytes)
-        slots = max(2, int(budget * share) // slot_bytes)
-    rows = max(budget - slots * slot_bytes, 0) // row_bytes if row_bytes else 0
-    return int(rows), int(slots), slot_bytes
-
-
 class ModelRunner:
     """One model ready to run rounds.
 
@@ -109,8 +73,8 @@ class ModelRunner:
         device: where the model runs (checked by :func:`check_device`).
         round_capacity: the largest round (sizes the state pool and the graphs).
         state_cache_bytes: memory of the state cache (K/V rows and GDN slots
-            of cached states, :func:`cache_sizes`), 0 for no cache, None for
-            :func:`default_cache_bytes`.
+            of cached states, :func:`~.cache_budget.cache_sizes`), 0 for no cache, None for
+            :func:`~.cache_budget.default_cache_bytes`.
         model: an already built Flide model to run instead of loading one. The
             runner sets its GDN rule and residual dtypes: runners sharing one
             model share them (the last one built sets them).
@@ -186,7 +150,7 @@ class ModelRunner:
         self.vocab_size = int(self.config.vocab_size)
         self.state_pool = self.kv_pool = None
         if state_cache_bytes is None:
-            state_cache_bytes = default_cache_bytes(self.device)
+            state_cache_bytes = default_cache_bytes(self.device, round_working_bytes(self.model, dtype, round_capacity))
         self.state_cache_bytes = state_cache_bytes
         self.cache_rows, self.cache_slots, self.slot_bytes = cache_sizes(self.model, dtype, state_cache_bytes)
         if state_cache_bytes:

@@ -12,8 +12,9 @@ Which budget the cache gets, first rule that applies:
    disk) and a reserve of :data:`RESERVE_BYTES` for one round's working memory
    and the CUDA context. Computed in the scheduler process, which owns the GPU;
    when nothing is left, a warning is logged and the default is used.
-4. The engine's default (40% of the GPU memory free after the weights; 256 MiB
-   on the CPU).
+4. The engine's default (:func:`~flide_ext.runtime.cache_budget.default_cache_bytes`:
+   40% of the GPU memory free after the weights and one round's working pools;
+   256 MiB on the CPU).
 """
 
 from __future__ import annotations
