@@ -230,8 +230,8 @@ def swapped(model, names: Iterable[str]):
             normed = norm(hidden.index_select(0, rows))
             return normed if "lm_head" in on else normed.to(lm_head.weight.dtype)
 
-        def head(normed, weight):
-            logits = readout_layer.lm_head_logits(normed, weight)
+        def head(normed, weight, softcap=None):
+            logits = readout_layer.soft_capped(readout_layer.lm_head_logits(normed, weight), softcap)
             if "log_softmax" in on:
                 return torch.log_softmax(logits.double(), dim=-1).float()
             return torch.log_softmax(logits, dim=-1)

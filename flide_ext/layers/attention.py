@@ -28,7 +28,16 @@ class ForkSelfAttention(KernelModule):
         gated: ``q_proj`` emits ``[query | gate]`` per head; the output is
             ``o_proj(attn * sigmoid(gate))``.
         qk_norm: norm class applied per head to q and k before RoPE, or None.
+        sliding_window: keys at most this many positions back, the query's own
+            included (``q_pos - k_pos < window``); None: all.
+        scale: the softmax scale (None: ``head_dim ** -0.5``).
+        rope: which of the forward's rotary tables this layer rotates by
+            (:attr:`~flide_ext.layers.context.ForwardContext.rope`; ``""``: the model's one).
     """
+
+    #: False for a layer that reads another layer's K/V (Gemma 4's KV sharing):
+    #: it has no rows in the K/V pool, and ``index`` is its source's.
+    owns_kv = True
 
     def __init__(
         self,
@@ -42,6 +51,8 @@ class ForkSelfAttention(KernelModule):
         norm_eps: float = 1e-6,
         gated: bool = False,
         sliding_window: Optional[int] = None,
+        scale: Optional[float] = None,
+        rope: str = "",
     ):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
@@ -55,8 +66,8 @@ class ForkSelfAttention(KernelModule):
             self.k_norm = qk_norm(head_dim, norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        self.scale = head_dim**-0.5
-        self.sliding_window = sliding_window
+        self.scale = head_dim**-0.5 if scale is None else scale
+        self.sliding_window, self.rope = sliding_window, rope
 
     def forward(self, x: torch.Tensor, ctx) -> torch.Tensor:
         """``x`` ``[T, hidden]`` -> ``[T, hidden]``; ``ctx`` is the ForwardContext."""
@@ -70,21 +81,44 @@ class ForkSelfAttention(KernelModule):
         v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(q, ctx.cos, ctx.sin, self.backend), rotary(k, ctx.cos, ctx.sin, self.backend)
+        cos, sin = ctx.rope[self.rope]
+        q, k = rotary(q, cos, sin, self.backend), rotary(k, cos, sin, self.backend)
+        o = self.attend(q, k, v, ctx)
+        o = sigmoid_mul(o, gate, self.backend) if self.gated else o.reshape(T, -1)
+        return self.o_proj(o)
+
+    def attend(self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], ctx,
+               kv_layer: Optional[int] = None) -> torch.Tensor:
+        """ForkAttention of the stream's queries over their keys.
+
+        Args:
+            q: ``[T, Hq, D]`` rotated queries.
+            k, v: ``[T, Hkv, D]`` this layer's rotated keys and values, which
+                join the K/V pool's rows of attention layer ``self.index`` when
+                the forward has a pool; None: read another layer's instead.
+            kv_layer: with ``k`` and ``v`` None, the attention layer (``index``)
+                whose K/V of this forward are read (a KV-shared layer's source):
+                its pool rows, or without a pool what it left in ``ctx.layer_kv``.
+
+        Returns:
+            ``[T, Hq, D]`` in ``q.dtype``.
+        """
         plan = ctx.plan
         kv_index = None
         if ctx.kv_pool is not None and plan.kv_index is not None:
             # The stream's K/V join the pool's rows; every key, cached or new, is
             # read there in place.
-            pool_k, pool_v = ctx.kv_pool.k[self.index], ctx.kv_pool.v[self.index]
-            pool_k.index_copy_(0, plan.stream_rows, k)
-            pool_v.index_copy_(0, plan.stream_rows, v)
+            index = self.index if k is not None else kv_layer
+            pool_k, pool_v = ctx.kv_pool.k[index], ctx.kv_pool.v[index]
+            if k is not None:
+                pool_k.index_copy_(0, plan.stream_rows, k)
+                pool_v.index_copy_(0, plan.stream_rows, v)
             k, v, kv_index = pool_k, pool_v, plan.kv_index
-        o = fork_attention(
+        elif k is None:
+            k, v = ctx.layer_kv[kv_layer]
+        return fork_attention(
             q, k, v, plan.seg_parent, plan.seg_start, plan.seg_len, plan.seg_kv_start, plan.seg_kv_len,
             plan.positions, plan.kv_positions, self.scale, self.sliding_window,
             tables=plan.tables.attention if plan.tables is not None else None, kv_index=kv_index,
             backend=self.backend,
         )
-        o = sigmoid_mul(o, gate, self.backend) if self.gated else o.reshape(T, -1)
-        return self.o_proj(o)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -24,6 +24,13 @@ class ForwardContext:
             ``plan.kv_index``), or None: keys are the stream's own.
         residual_dtype: the residual stream's dtype (the first block's input
             is converted to it); None: the activations'.
+        rope: rotary tables by name, each ``(cos, sin)`` ``[T, rotary_dim]``:
+            ``""`` is ``(cos, sin)``; models whose layers rotate differently
+            (Gemma 4's sliding and full layers) add theirs.
+        layer_kv: attention layer index -> its ``(k, v)`` ``[T, Hkv, D]`` of this
+            forward, kept by the layers that lend them (KV sharing) when there
+            is no K/V pool to read them from.
+        per_layer_inputs: ``[T, layers, P]`` per-layer embeddings (Gemma 4), or None.
     """
 
     plan: FlatPlan
@@ -32,3 +39,9 @@ class ForwardContext:
     state_pool: Optional[object] = None
     kv_pool: Optional[object] = None
     residual_dtype: Optional[torch.dtype] = None
+    rope: dict = field(default_factory=dict)
+    layer_kv: dict = field(default_factory=dict)
+    per_layer_inputs: Optional[torch.Tensor] = None
+
+    def __post_init__(self):
+        self.rope.setdefault("", (self.cos, self.sin))

@@ -6,6 +6,7 @@ does; SGLang's ``--enable-fp32-lm-head`` keeps them for the same reason)."""
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -63,15 +64,16 @@ def readout_normed(hidden: torch.Tensor, rows: torch.Tensor, norm: nn.Module, lm
 
 
 def readout_logprobs(
-    hidden: torch.Tensor, rows: torch.Tensor, norm: nn.Module, lm_head: nn.Linear
+    hidden: torch.Tensor, rows: torch.Tensor, norm: nn.Module, lm_head: nn.Linear, softcap: Optional[float] = None
 ) -> torch.Tensor:
     """Full-vocabulary log-probabilities at the readout rows: :func:`head_logprobs`
-    of :func:`readout_normed` (whose arguments and errors these are).
+    of :func:`readout_normed` (whose arguments and errors these are; ``softcap``
+    as :func:`head_logprobs`).
 
     Returns:
         ``[R, vocab]`` float32 log-softmax of the float32 logits (:func:`lm_head_logits`).
     """
-    return head_logprobs(readout_normed(hidden, rows, norm, lm_head), lm_head.weight)
+    return head_logprobs(readout_normed(hidden, rows, norm, lm_head), lm_head.weight, softcap)
 
 
 def normalised_over_labels(logits: list[float]) -> list[float]:
@@ -101,9 +103,19 @@ def readout_key(weight: torch.Tensor, x_dtype: torch.dtype) -> tuple:
     return ("readout", *gemm_key(weight, x_dtype, torch.float32, False))
 
 
-def head_logprobs(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``[R, hidden]`` -> ``[R, vocab]`` float32 log-softmax of :func:`lm_head_logits`;
+def soft_capped(logits: torch.Tensor, softcap: Optional[float]) -> torch.Tensor:
+    """``softcap * tanh(logits / softcap)`` (final logit soft-capping, Gemma 2-4;
+    the checkpoints' ``final_logit_softcapping``), in the logits' dtype; the
+    logits themselves for None."""
+    if softcap is None:
+        return logits
+    return torch.tanh(logits / softcap) * softcap
+
+
+def head_logprobs(x: torch.Tensor, weight: torch.Tensor, softcap: Optional[float] = None) -> torch.Tensor:
+    """``[R, hidden]`` -> ``[R, vocab]`` float32 log-softmax of :func:`lm_head_logits`
+    (soft-capped first with ``softcap``, :func:`soft_capped`);
     in deterministic mode on the GPU run at a checked row count
     (:func:`~.linear.at_checked_rows`), the log-softmax with it."""
-    return at_checked_rows(lambda a: torch.log_softmax(lm_head_logits(a, weight), dim=-1), x,
+    return at_checked_rows(lambda a: torch.log_softmax(soft_capped(lm_head_logits(a, weight), softcap), dim=-1), x,
                            readout_key(weight, x.dtype))

@@ -15,7 +15,7 @@ from ..layers.gated_deltanet import GatedDeltaNet
 from ..layers.kernel_module import KernelModule
 from ..layers.linear import GemmRows, checked_rows
 from ..kernels.label_logits import label_logits
-from ..layers.readout import head_logprobs, readout_logprobs, readout_normed
+from ..layers.readout import head_logprobs, readout_logprobs, readout_normed, soft_capped
 from ..layers.rotary import RotaryEmbedding
 
 
@@ -90,11 +90,28 @@ class FlatCausalLM(nn.Module):
     gemm_rows: Optional[GemmRows] = None
     #: Rows per LM head block when ``selective_readout`` is off.
     full_readout_block = 4096
+    #: Why this family cannot run on a GPU yet (None: it can); the loader refuses CUDA devices then.
+    gpu_gap: Optional[str] = None
+    #: Final logit soft-capping (:func:`~flide_ext.layers.readout.soft_capped`); None: none.
+    logit_softcap: Optional[float] = None
 
     def __init__(self, config):
         super().__init__()
         self.config = config
-        self.rotary = RotaryEmbedding(config, head_dim_of(config))
+        self.rotary = self.make_rotary(config)
+
+    def make_rotary(self, config):
+        """The rotary tables' maker (:meth:`rope_tables` calls it)."""
+        return RotaryEmbedding(config, head_dim_of(config))
+
+    def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> dict:
+        """The forward's rotary tables by name (:attr:`~flide_ext.layers.context.ForwardContext.rope`):
+        ``{"": (cos, sin)}``, each ``[T, rotary_dim]`` in ``dtype`` at ``positions`` ``[T]``."""
+        return {"": self.rotary.cos_sin(positions, dtype)}
+
+    def embed(self, ctx: ForwardContext) -> torch.Tensor:
+        """``[T, hidden]`` the stream's input embeddings (models may also fill ``ctx``)."""
+        return self.model.embed_tokens(ctx.plan.token_ids)
 
     def set_kernel_backend(self, backend: Optional[str]) -> None:
         """Make every layer's kernel calls run ``backend`` (:mod:`flide_ext.kernels.dispatch`:
@@ -163,7 +180,7 @@ class FlatCausalLM(nn.Module):
             ForwardCancelled: ``cancelled()`` was true before a layer (it is asked
                 before each one).
         """
-        x, residual = self.model.embed_tokens(ctx.plan.token_ids), None
+        x, residual = self.embed(ctx), None
         layers = self.model.layers
         for i, layer in enumerate(layers):
             # A layer is the finest step that is the model's own: a cut waits at
@@ -178,7 +195,9 @@ class FlatCausalLM(nn.Module):
         K/V rows (sizes the engine's K/V pool)."""
         from ..layers.attention import ForkSelfAttention
 
-        layers = sorted((m for m in self.modules() if isinstance(m, ForkSelfAttention)), key=lambda m: m.index)
+        # A KV-shared layer (Gemma 4) reads another layer's rows: it has none of its own.
+        layers = sorted((m for m in self.modules() if isinstance(m, ForkSelfAttention) and m.owns_kv),
+                        key=lambda m: m.index)
         return [(m.num_kv_heads, m.head_dim, m.head_dim) for m in layers]
 
     def forward(self, plan, state_pool=None, kv_pool=None, cancelled: Optional[Callable[[], bool]] = None,
@@ -210,29 +229,31 @@ class FlatCausalLM(nn.Module):
         if normed and not self.selective_readout:
             raise ValueError("a forward stops at the normed readout rows only with selective readout on")
         dtype = self.model.embed_tokens.weight.dtype
-        cos, sin = self.rotary.cos_sin(plan.positions, dtype)
-        ctx = ForwardContext(plan, cos, sin, state_pool, kv_pool, self.stream_dtype(dtype))
+        tables = self.rope_tables(plan.positions, dtype)
+        cos, sin = tables.get("") or next(iter(tables.values()))
+        ctx = ForwardContext(plan, cos, sin, state_pool, kv_pool, self.stream_dtype(dtype), rope=tables)
         with checked_rows(self.gemm_rows):
             h = self.hidden_states(ctx, cancelled)
             if not self.selective_readout:
                 return self._full_readout(h, plan.readout_rows)
             if normed:
                 return readout_normed(h, plan.readout_rows, self.model.norm, self.lm_head)
-            return readout_logprobs(h, plan.readout_rows, self.model.norm, self.lm_head)
+            return readout_logprobs(h, plan.readout_rows, self.model.norm, self.lm_head, self.logit_softcap)
 
     def head_logprobs(self, normed: torch.Tensor) -> torch.Tensor:
         """``[R, hidden]`` normed readout rows (:meth:`forward`'s with ``normed``)
         -> ``[R, vocab]`` float32 full-vocabulary log-probabilities, as
         :meth:`forward` computes them (deterministic mode's row counts included)."""
         with checked_rows(self.gemm_rows):
-            return head_logprobs(normed, self.lm_head.weight)
+            return head_logprobs(normed, self.lm_head.weight, self.logit_softcap)
 
     def label_logits(self, normed: torch.Tensor, rows: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The float32 logits of (readout row, label) pairs only
         (:func:`~flide_ext.kernels.label_logits.label_logits`, on this model's
         kernel backend): ``[R, hidden]`` normed rows, ``[P]`` int64 rows and
-        labels on their device -> ``[P]`` float32."""
-        return label_logits(normed, self.lm_head.weight, rows, labels, backend=self.kernel_backend)
+        labels on their device -> ``[P]`` float32, soft-capped as the full readout."""
+        logits = label_logits(normed, self.lm_head.weight, rows, labels, backend=self.kernel_backend)
+        return soft_capped(logits, self.logit_softcap)
 
     def _full_readout(self, h: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         # The LM head over every stream row, as a server without selective readout
@@ -244,6 +265,6 @@ class FlatCausalLM(nn.Module):
             stop = min(start + block, h.shape[0])
             inside = ((rows >= start) & (rows < stop)).nonzero().flatten()
             block_rows = torch.arange(start, stop, device=h.device)
-            logprobs = readout_logprobs(h, block_rows, self.model.norm, self.lm_head)
+            logprobs = readout_logprobs(h, block_rows, self.model.norm, self.lm_head, self.logit_softcap)
             out[inside] = logprobs.index_select(0, rows[inside] - start)
         return out

@@ -35,7 +35,8 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device |
         ``(model, config)``; the model is in eval mode on ``device`` in ``dtype``.
 
     Raises:
-        ModelLoadError: unsupported architecture, no safetensors, or missing weights.
+        ModelLoadError: unsupported architecture (or one without a GPU path, on
+            a CUDA device), no safetensors, or missing weights.
     """
     model_dir = Path(model_dir)
     config = load_config(model_dir)
@@ -44,6 +45,9 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device |
         raise ModelLoadError(
             f"architecture {arch!r} is not supported; supported: {', '.join(sorted(MODEL_CLASSES))}"
         )
+    gpu_gap = MODEL_CLASSES[arch].gpu_gap
+    if torch.device(device).type == "cuda" and gpu_gap:
+        raise ModelLoadError(f"architecture {arch!r} runs on the CPU only so far: {gpu_gap}")
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"model path {str(model_dir)!r} has no .safetensors weights")

@@ -46,8 +46,34 @@ def tiny_config(family: str, vocab_size: int = 512, **overrides):
                        shared_expert_intermediate_size=64, decoder_sparse_step=1, mlp_only_layers=[1])
             cfg = Qwen3NextConfig(**{**hybrid, **moe, **overrides})
             cfg.architectures = ["Qwen3NextForCausalLM"]
+    elif family.startswith("gemma4"):
+        cfg = gemma4_tiny_config(family, common, overrides)
     else:
         raise ValueError(family)
+    return cfg
+
+
+def gemma4_tiny_config(family: str, common: dict, overrides: dict):
+    """Gemma 4 text configs: ``gemma4_dense`` (sliding and full layers only),
+    ``gemma4`` (also per-layer embeddings, KV sharing, K = V on full layers, a
+    double-wide MLP on shared layers and soft-capping) and ``gemma4_moe`` (that
+    and experts beside every MLP). Full layers have their own head size and K/V
+    head count; the last layer is full."""
+    from transformers import Gemma4TextConfig
+
+    base = dict(common, num_hidden_layers=6, head_dim=16, global_head_dim=32, sliding_window=512,
+                layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+                hidden_size_per_layer_input=0, tie_word_embeddings=True, max_position_embeddings=4096)
+    if family != "gemma4_dense":
+        base.update(hidden_size_per_layer_input=8, vocab_size_per_layer_input=common["vocab_size"],
+                    num_kv_shared_layers=3, use_double_wide_mlp=True, attention_k_eq_v=True,
+                    num_global_key_value_heads=1, final_logit_softcapping=30.0)
+    if family == "gemma4_moe":
+        base.update(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
+    elif family not in ("gemma4", "gemma4_dense"):
+        raise ValueError(family)
+    cfg = Gemma4TextConfig(**{**base, **overrides})
+    cfg.architectures = ["Gemma4ForCausalLM"]
     return cfg
 
 
@@ -70,6 +96,11 @@ def write_tiny_checkpoint(directory: Path, family: str, seed: int = 0, head_scal
                 p.normal_(0.0, 0.1)  # zero-centred norms: random offsets from 1
             elif name.endswith("A_log"):
                 p.uniform_(-1.0, 1.0)
+            elif family.startswith("gemma4"):
+                p.normal_(1.0, 0.3)  # norm weights (the scale itself), router and expert scales
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):  # stored in Gemma 4 checkpoints
+                b.uniform_(0.5, 1.5)
         if not cfg.tie_word_embeddings:
             model.lm_head.weight.mul_(head_scale)
     directory = Path(directory)

@@ -24,6 +24,31 @@ def _hf_norms():
     return LlamaRMSNorm, Qwen3_5RMSNorm, Qwen3_5RMSNormGated
 
 
+def test_the_kernel_knows_every_mode():
+    from flide_ext.kernels.rms_norm import MODES
+    from flide_ext.kernels.rms_norm.kernel import MODE_CODES
+
+    assert set(MODE_CODES) == set(MODES) and len(set(MODE_CODES.values())) == len(MODES)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_scale_mode_is_gemma4s_norm(dtype):
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4RMSNorm
+
+    gen = torch.Generator().manual_seed(5)
+    x = (3 * torch.randn(6, 2, 72, generator=gen)).to(dtype)
+    w = (1 + 0.3 * torch.randn(72, generator=gen)).to(dtype)
+    gemma = Gemma4RMSNorm(72, eps=1e-6).to(dtype)
+    plain = Gemma4RMSNorm(72, eps=1e-6, with_scale=False)  # Gemma 4's v norm: no weight
+    with torch.no_grad():
+        gemma.weight.copy_(w)
+    assert torch.equal(rms_norm_ref(x, w, 1e-6, "scale"), gemma(x))
+    assert torch.equal(rms_norm_ref(x, torch.ones(72, dtype=dtype), 1e-6, "scale"), plain(x))
+    # Not the other roundings: in bf16 the weight multiplies before the one rounding.
+    if dtype == torch.bfloat16:
+        assert not torch.equal(rms_norm_ref(x, w, 1e-6, "scale"), rms_norm_ref(x, w, 1e-6, "cast"))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(7, 96), (5, 3, 40), (1, 130)])
 def test_reference_is_the_hf_modules(dtype, shape):
@@ -46,7 +71,7 @@ def test_reference_is_the_hf_modules(dtype, shape):
         assert torch.equal(rms_norm_ref(x, w, 1e-6, "cast", gate=z), gated(x, z))
 
 
-@pytest.mark.parametrize("mode,gated", [("cast", False), ("offset", False), ("cast", True)])
+@pytest.mark.parametrize("mode,gated", [("cast", False), ("offset", False), ("scale", False), ("cast", True)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(9, 96), (4, 5, 24), (3, 130), (33, 8)])
 def test_rms_norm_triton_matches_reference(mode, gated, dtype, shape):
@@ -194,7 +219,7 @@ def test_strided_parameters_float64_and_scalars():
     gen = torch.Generator().manual_seed(17)
     x = torch.randn(5, 64, generator=gen)
     for w in (torch.randn(128, generator=gen)[::2], torch.randn(1, generator=gen).expand(64)):  # strided, stride 0
-        for mode in ("cast", "offset"):
+        for mode in ("cast", "offset", "scale"):
             torch.testing.assert_close(rms_norm_triton(x, w, 1e-6, mode), rms_norm_ref(x, w, 1e-6, mode),
                                        rtol=1e-5, atol=1e-5)
     a, b = torch.randn(5, 4, generator=gen), torch.randn(5, 4, generator=gen)
@@ -230,7 +255,7 @@ def test_gdn_gate_softplus_to_float32_precision():
     assert rel < 1e-6, float(rel)
 
 
-@pytest.mark.parametrize("mode", ["cast", "offset"])
+@pytest.mark.parametrize("mode", ["cast", "offset", "scale"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_residual_add_inside_the_norm(mode, dtype):
     """``norm(x, residual)`` is ``(norm(x + residual), x + residual)``: the
@@ -238,7 +263,7 @@ def test_residual_add_inside_the_norm(mode, dtype):
     gen = torch.Generator().manual_seed(11)
     x = (2 * torch.randn(6, 3, 40, generator=gen)).to(dtype)
     res = torch.randn(6, 3, 80, generator=gen).to(dtype)[..., :40]  # rows at a stride
-    w = (0.1 * torch.randn(40, generator=gen) + (mode == "cast")).to(dtype)
+    w = (0.1 * torch.randn(40, generator=gen) + (mode != "offset")).to(dtype)
     y, total = rms_norm_ref(x, w, 1e-6, mode, residual=res)
     assert torch.equal(total, x + res) and torch.equal(y, rms_norm_ref(x + res, w, 1e-6, mode))
     got_y, got_total = rms_norm_triton(x, w, 1e-6, mode, residual=res)

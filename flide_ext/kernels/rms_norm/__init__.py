@@ -54,7 +54,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = "cas
     take the reference). With ``residual`` the add is in the same launch.
 
     Raises:
-        ValueError: an unknown mode, a gate with ``"offset"`` or with a residual,
+        ValueError: an unknown mode, a gate with a mode other than ``"cast"`` or with a residual,
             shapes that differ, a residual neither in ``x.dtype`` nor float32
             beside bf16 / fp16 ``x``,
             a 0-dim ``x``, a ``valid`` that is not a bool ``[x.shape[0]]`` over an

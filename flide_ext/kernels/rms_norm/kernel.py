@@ -17,6 +17,7 @@ import triton.language as tl
 from ..arguments import check_float32_math_dtypes
 
 ELEMENTS_PER_PROGRAM = 4096  # rows of a narrow norm (per-head q/k, GDN output) share a program
+MODE_CODES = {"cast": 0, "offset": 1, "scale": 2}  # the kernel's MODE, per mode of the reference
 
 
 @triton.jit
@@ -27,7 +28,7 @@ def _round(x, dtype: tl.constexpr):
 
 @triton.jit
 def _rms_norm_kernel(X, W, GATE, Y, RES, SUM, VALID, N, D, stride_x, stride_gate, stride_res, eps, GROUP,
-                     ROWS: tl.constexpr, BD: tl.constexpr, OFFSET: tl.constexpr, HAS_GATE: tl.constexpr,
+                     ROWS: tl.constexpr, BD: tl.constexpr, MODE: tl.constexpr, HAS_GATE: tl.constexpr,
                      ROUND_MID: tl.constexpr, HAS_RES: tl.constexpr, HAS_VALID: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BD)
@@ -44,8 +45,10 @@ def _rms_norm_kernel(X, W, GATE, Y, RES, SUM, VALID, N, D, stride_x, stride_gate
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
     h = x * rstd[:, None]
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-    if OFFSET:
+    if MODE == 1:  # "offset"
         y = h * (1.0 + w)[None, :]
+    elif MODE == 2:  # "scale"
+        y = h * w[None, :]
     else:
         # The normalised row is rounded to the input dtype before the scale, and the
         # product to the promoted dtype (ROUND_MID: the input's), as the modules do.
@@ -91,7 +94,7 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str
     D = x.shape[-1]
     N = x.numel() // D if D else 0
     promoted = torch.promote_types(weight.dtype, x.dtype)
-    dtype = x.dtype if (mode == "offset" or gate is not None) else promoted
+    dtype = x.dtype if (mode != "cast" or gate is not None) else promoted
     y = torch.empty(x.shape, dtype=dtype, device=x.device)
     total = torch.empty(x.shape, dtype=residual.dtype, device=x.device) if residual is not None else None
     if N == 0:
@@ -107,7 +110,7 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str
         x_rows, weight, gate_rows, y, res_rows, total if total is not None else y,
         valid if valid is not None else weight, N, D, stride_x, stride_gate, stride_res, float(eps),
         N // x.shape[0] if valid is not None else 1,
-        ROWS=rows, BD=BD, OFFSET=mode == "offset", HAS_GATE=gate is not None, ROUND_MID=promoted == x.dtype,
+        ROWS=rows, BD=BD, MODE=MODE_CODES[mode], HAS_GATE=gate is not None, ROUND_MID=promoted == x.dtype,
         HAS_RES=residual is not None, HAS_VALID=valid is not None, num_warps=4 if rows * BD <= 2048 else 8,
     )
     return y if residual is None else (y, total)

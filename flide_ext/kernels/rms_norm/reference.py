@@ -1,16 +1,18 @@
 """RMSNorm over the last dimension (Zhang & Sennrich, 2019, "Root Mean Square Layer
-Normalization"), in the three roundings the supported checkpoints use, with an
+Normalization"), in the roundings the supported checkpoints use, with an
 optional SiLU gate; one Triton launch per call on the GPU.
 
 * ``"cast"`` (Llama, Qwen3): ``w * (x * rstd).to(dtype)``, the product rounded again.
 * ``"offset"`` (Qwen3.5 / Qwen3-Next, weights stored as offsets from 1):
   ``(x * rstd * (1 + w)).to(dtype)``, all in float32.
+* ``"scale"`` (Gemma 4, weights stored as the scale itself): ``(x * rstd * w).to(dtype)``,
+  all in float32.
 * ``"cast"`` with ``gate`` (the Qwen3.5 GDN output norm):
   ``((w * (x * rstd).to(dtype)).float() * silu(gate.float())).to(dtype)``.
 
 with ``rstd = 1 / sqrt(mean(x.float()^2) + eps)``. Each of those is the Hugging Face
 module's own order of roundings (``LlamaRMSNorm``, ``Qwen3_5RMSNorm``,
-``Qwen3_5RMSNormGated`` in transformers), so a bf16 run rounds where the checkpoint's
+``Qwen3_5RMSNormGated``, ``Gemma4RMSNorm`` in transformers), so a bf16 run rounds where the checkpoint's
 reference does; unfused, a norm is about nine element-wise launches, which in a
 flat CUDA graph of a few hundred rows cost more than the norm's arithmetic.
 """
@@ -23,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 
-MODES = ("cast", "offset")
+MODES = ("cast", "offset", "scale")
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = "cast",
@@ -33,9 +35,9 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, mode: str = 
 
     Args:
         x: ``[..., D]`` float tensor (any strides).
-        weight: ``[D]`` scale (``"cast"``) or offset from 1 (``"offset"``).
+        weight: ``[D]`` scale (``"cast"``, ``"scale"``) or offset from 1 (``"offset"``).
         eps: added to the mean square.
-        mode: ``"cast"`` or ``"offset"`` (module docstring).
+        mode: ``"cast"``, ``"offset"`` or ``"scale"`` (module docstring).
         gate: ``[..., D]`` like ``x``, or None; only with ``"cast"``.
         residual: ``[..., D]`` like ``x``, in ``x.dtype`` (or float32 beside bf16 /
             fp16 ``x``), or None:
@@ -74,6 +76,8 @@ def _normalised(x, weight, eps, mode, gate, dtype):
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     if mode == "offset":
         return (h * (1.0 + weight.float())).to(dtype)
+    if mode == "scale":
+        return (h * weight.float()).to(dtype)
     h = weight * h.to(dtype)
     if gate is None:
         return h

@@ -1,0 +1,136 @@
+"""Gemma 4 (flide_ext/models/gemma4.py) on the CPU in float32: every question
+of a multi-request round equals its prompt alone and a float32 transformers
+forward, for a dense config, one with per-layer embeddings, KV sharing, K = V
+on full layers and soft-capping, and one that adds experts; states on both sides
+of the sliding window; from the state cache and without it; and the text part
+of a multimodal checkpoint."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from flide_ext import Engine
+from flide_ext.models.gemma4 import kv_sources
+from test.helpers.checkpoints import tiny_config, write_tiny_checkpoint
+from test.helpers.exact_checks import VOCAB, assert_exact, make_request
+
+FAMILIES = ["gemma4_dense", "gemma4", "gemma4_moe"]
+
+
+def _hf(directory):
+    from transformers import AutoModelForCausalLM
+
+    # Eager attention and experts: the checkpoint's plain float32 forward.
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="eager")
+    if hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def gemma_dirs(tmp_path_factory):
+    """(family, window) -> checkpoint: a window of 8 tokens (every state crosses
+    it) and Gemma 4's own 512."""
+    root = tmp_path_factory.mktemp("gemma4")
+    return {(family, window): write_tiny_checkpoint(root / f"{family}_{window}", family, seed=i, sliding_window=window)
+            for i, family in enumerate(FAMILIES) for window in (8, 512)}
+
+
+@pytest.fixture(scope="module")
+def gemma_models(gemma_dirs):
+    return {key: (Engine(str(d)), _hf(d)) for key, d in gemma_dirs.items()}
+
+
+def test_kv_sources_of_the_configs():
+    config = tiny_config("gemma4")  # layers S S F | S S F, the last three shared
+    assert kv_sources(config) == [0, 1, 2, 1, 1, 2]
+    assert kv_sources(tiny_config("gemma4_dense")) == list(range(6))
+    with pytest.raises(ValueError, match="no layer of its type"):
+        kv_sources(tiny_config("gemma4", num_kv_shared_layers=4))  # layer 2 (full) is shared: no full layer before
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_multi_request_round(family, gemma_models):
+    engine, hf = gemma_models[(family, 8)]
+    rng = random.Random(5)
+    requests = [make_request(rng, n, q) for n, q in [(20, 4), (3, 3), (40, 5), (1, 2)]]
+    state = requests[2]["prompts"][0][:40]
+    requests.append({"prompts": [state, state + [1], state + [1], state + [2]], "label_token_ids": [7, 8, 9]})
+    stats = assert_exact(engine, hf, requests)
+    assert stats.stream_tokens < stats.prompt_tokens
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_without_the_state_cache(family, gemma_dirs, gemma_models):
+    # No K/V pool: KV-shared layers read what their source left in the forward.
+    engine = Engine(str(gemma_dirs[(family, 8)]), radix_cache=False)
+    assert engine.runner.kv_pool is None
+    rng = random.Random(6)
+    assert_exact(engine, gemma_models[(family, 8)][1], [make_request(rng, n, q) for n, q in [(25, 4), (2, 2)]])
+
+
+@pytest.mark.parametrize("family", ["gemma4_dense", "gemma4"])
+def test_states_at_the_window(family, gemma_models):
+    """States of 511, 512 and 513 tokens under a 512-token window: a question's
+    window reaches into its state exactly as in its own prompt."""
+    engine, hf = gemma_models[(family, 512)]
+    rng = random.Random(512)
+    history = [rng.randrange(VOCAB) for _ in range(513)]
+    requests = []
+    for n in (511, 512, 513):
+        state = history[:n]
+        firsts = rng.sample(range(VOCAB), 3)
+        prompts = [state + [f] + [rng.randrange(VOCAB) for _ in range(k)] for f, k in zip(firsts, (0, 1, 3))]
+        requests.append({"prompts": prompts, "label_token_ids": [3, 4, 5]})
+    engine.flush_cache()
+    assert_exact(engine, hf, requests)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_resumed_state_equals_one_call(family, gemma_models):
+    """A state kept in the state cache (K/V rows of the layers that own them;
+    shared layers read their source's) gives the bits of one cold call."""
+    engine, _ = gemma_models[(family, 8)]
+    rng = random.Random(7)
+    history = [rng.randrange(VOCAB) for _ in range(150)]
+    prompts = [history + [f, rng.randrange(VOCAB)] for f in rng.sample(range(VOCAB), 3)]
+    request = {"prompts": prompts, "label_token_ids": [5, 6, 7]}
+    engine.flush_cache()
+    cold = engine.score_tokens(request).label_logprobs
+    engine.flush_cache()
+    engine.score_tokens({"prompts": [history], "label_token_ids": [5, 6]})
+    resumed = engine.score_tokens(request)
+    assert resumed.resumed_tokens == 128
+    assert resumed.label_logprobs == cold
+
+
+def test_multimodal_checkpoint_text_part(gemma_dirs, tmp_path):
+    """``Gemma4ForConditionalGeneration``'s text weights (``model.language_model.``)
+    load and answer as the text checkpoint; its other towers are skipped."""
+    from transformers import Gemma4Config
+
+    text_dir = gemma_dirs[("gemma4", 8)]
+    config = json.loads((text_dir / "config.json").read_text())
+    full = Gemma4Config(text_config=config)
+    full.architectures = ["Gemma4ForConditionalGeneration"]
+    full.save_pretrained(tmp_path)
+    weights = {"model.language_model." + k[len("model."):]: v for k, v in load_file(text_dir / "model.safetensors").items()}
+    weights["model.vision_tower.patch_embedder.input_proj.weight"] = torch.zeros(4, 4)
+    save_file(weights, tmp_path / "model.safetensors")
+    rng = random.Random(8)
+    request = make_request(rng, 30, 3)
+    assert Engine(str(tmp_path)).score_tokens(request).label_logprobs == \
+        Engine(str(text_dir)).score_tokens(request).label_logprobs
+
+
+def test_refused_on_a_gpu_until_its_kernels_exist(gemma_dirs):
+    from flide_ext.models.loader import load_model
+    from flide_ext.protocol.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="'Gemma4ForCausalLM' runs on the CPU only so far: the Triton ForkAttention"):
+        load_model(gemma_dirs[("gemma4", 8)], torch.float32, "cuda")
