@@ -1,4 +1,5 @@
-"""Random-weight Hugging Face checkpoints with real Qwen3.5 shapes, for benchmarks.
+"""Random-weight Hugging Face checkpoints with real Qwen3.5 shapes (and Gemma 4's,
+:mod:`.gemma4_shapes`), for benchmarks.
 
 No hybrid GDN checkpoint with real weights installs offline, and speed does not
 depend on weight values, so benchmarks use the real architectures and sizes with
@@ -62,14 +63,21 @@ def qwen35_config(shape: str, **overrides):
     return config
 
 
-def _init(name: str, shape, generator, head_scale: float, device="cpu") -> torch.Tensor:
+def _offset_norms(model) -> set[str]:
+    """Names of the parameters that zero-centred norms store as offsets from 1."""
+    from ..layers.norm import ZeroCenteredRMSNorm
+
+    return {f"{prefix}.weight" for prefix, module in model.named_modules() if isinstance(module, ZeroCenteredRMSNorm)}
+
+
+def _init(name: str, shape, generator, head_scale: float, device="cpu", offset: bool = False) -> torch.Tensor:
     if name.endswith("A_log"):
         return torch.empty(shape, device=device).uniform_(math.log(1.0), math.log(16.0), generator=generator)
-    if name.endswith("dt_bias"):
+    if name.endswith(("dt_bias", "layer_scalar", "router.scale", "per_expert_scale")):
         return torch.ones(shape, device=device)
     if name.endswith("norm.weight"):
-        # Zero-centred norms store offsets from 1; the GDN output norm stores the scale.
-        return torch.ones(shape, device=device) if ".linear_attn.norm." in name else torch.zeros(shape, device=device)
+        # Zero-centred norms (Qwen3.5) store offsets from 1; the others the scale itself.
+        return torch.zeros(shape, device=device) if offset else torch.ones(shape, device=device)
     std = 0.02 * (head_scale if name == "lm_head.weight" else 1.0)
     return torch.empty(shape, device=device).normal_(0.0, std, generator=generator)
 
@@ -111,10 +119,11 @@ def random_model(config, dtype: torch.dtype = torch.bfloat16, device="cpu", seed
     model = model.to_empty(device=device).to(dtype).eval()
     generator = torch.Generator(device=device).manual_seed(seed)
     params = dict(model.named_parameters())
+    offsets = _offset_norms(model)
     with torch.no_grad():
         for name, param in params.items():
             if name not in model.tied_weights:
-                param.copy_(_init(name, param.shape, generator, head_scale, device))
+                param.copy_(_init(name, param.shape, generator, head_scale, device, name in offsets))
         for name, source in model.tied_weights.items():
             params[name].copy_(params[source])
     return model
@@ -139,7 +148,7 @@ def write_random_checkpoint(
         head_scale: multiplies the LM head's init std (peaked label
             distributions); not 1 on a tied shape, the head is untied
             (:func:`with_head_scale`) and the saved config says so.
-        tokenizer: also save the Qwen3.5 tokenizer.
+        tokenizer: also save the Qwen3.5 tokenizer (a stand-in for other families).
         progress: a tqdm-like object updated once per tensor, or None.
 
     Raises:
@@ -171,8 +180,9 @@ def write_random_checkpoint(
             current, size = {}, 0
 
     params = [(n, p.shape) for n, p in model.named_parameters() if n not in skip]
+    offsets = _offset_norms(model)
     for name, shape in params:
-        tensor = _init(name, shape, generator, head_scale).to(dtype)
+        tensor = _init(name, shape, generator, head_scale, offset=name in offsets).to(dtype)
         if size and size + tensor.numel() * tensor.element_size() > SHARD_BYTES:
             flush()
         current[name] = tensor
@@ -203,3 +213,24 @@ def count_parameters(config) -> int:
         model = MODEL_CLASSES[config.architectures[0]](config)
     skip = set(model.tied_weights)
     return sum(p.numel() for n, p in model.named_parameters() if n not in skip)
+
+
+def shape_config(shape: str, **overrides):
+    """The transformers config of a named shape: a Qwen3.5 one
+    (:data:`QWEN35_SHAPES`) or a Gemma 4 one (:data:`~.gemma4_shapes.GEMMA4_SHAPES`).
+
+    Raises:
+        KeyError: an unknown shape name.
+    """
+    from .gemma4_shapes import GEMMA4_SHAPES, gemma4_config
+
+    if shape in GEMMA4_SHAPES:
+        return gemma4_config(shape, **overrides)
+    return qwen35_config(shape, **overrides)
+
+
+def shape_names() -> list[str]:
+    """Every named shape."""
+    from .gemma4_shapes import GEMMA4_SHAPES
+
+    return [*QWEN35_SHAPES, *GEMMA4_SHAPES]

@@ -12,7 +12,7 @@ Each output line is ``{"id": ..., "response": DecisionResponse}`` or
 ``{"id": ..., "error": {"field": ..., "message": ...}}``.
 
 ``flide make-checkpoint --shape qwen3.5-4b --output DIR`` writes a random-weight
-checkpoint of a real Qwen3.5 shape with the Qwen3.5 tokenizer, for benchmarks.
+checkpoint of a real Qwen3.5 or Gemma 4 shape with the Qwen3.5 tokenizer, for benchmarks.
 
 Exit status: 0 when every request was answered, 1 when some were refused (their
 error lines say why), 2 when the command itself cannot run (one line on stderr).
@@ -168,13 +168,13 @@ def run_make_checkpoint(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from ..assets.random_checkpoints import (QWEN35_SHAPES, count_parameters, qwen35_config, with_head_scale,
+    from ..assets.random_checkpoints import (count_parameters, shape_config, shape_names, with_head_scale,
                                              write_random_checkpoint)
 
-    if args.shape not in QWEN35_SHAPES:
-        raise CLIError(f"--shape {args.shape!r} is not one of {', '.join(QWEN35_SHAPES)}")
+    if args.shape not in shape_names():
+        raise CLIError(f"--shape {args.shape!r} is not one of {', '.join(shape_names())}")
     try:
-        config = with_head_scale(qwen35_config(args.shape), args.head_scale)
+        config = with_head_scale(shape_config(args.shape), args.head_scale)
     except ValueError as e:
         raise CLIError(f"--head-scale: {e}") from None
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[args.dtype]
@@ -211,8 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     decide.add_argument("--round-size", type=int, default=8, help="requests per round (default: 8)")
     decide.add_argument("--context-length", type=int, default=None, help="longest prompt accepted, in tokens")
     decide.set_defaults(func=run_decide)
-    make = sub.add_parser("make-checkpoint", help="write a random-weight Qwen3.5 checkpoint of a real shape")
-    make.add_argument("--shape", required=True, help="qwen3.5-0.8b, qwen3.5-2b, qwen3.5-4b or qwen3.5-9b")
+    make = sub.add_parser("make-checkpoint", help="write a random-weight checkpoint of a real Qwen3.5 or Gemma 4 shape")
+    make.add_argument("--shape", required=True, help="qwen3.5-0.8b, qwen3.5-2b, qwen3.5-4b, qwen3.5-9b, gemma4-e4b or "
+                      "gemma4-31b (Gemma 4 with the Qwen3.5 tokenizer as a stand-in)")
     make.add_argument("--output", required=True, help="checkpoint directory to write")
     make.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
                       help="stored weight dtype (default: bfloat16)")

