@@ -21,6 +21,7 @@ from transformers.activations import ACT2FN
 from ..kernels.rotary import rotary
 from .attention import ForkSelfAttention
 from .linear import Linear, linear
+from .mlp import act_mul
 from .norm import WeightedRMSNorm
 
 
@@ -126,7 +127,7 @@ class Gemma4Experts(nn.Module):
         for e in torch.unique(experts).tolist():
             rows, rank = torch.nonzero(experts == e, as_tuple=True)
             gate, up = linear(x[rows], self.gate_up_proj[e]).chunk(2, dim=-1)
-            y = linear(self.act(gate) * up, self.down_proj[e])
+            y = linear(act_mul(self.act, gate, up), self.down_proj[e])
             out.index_add_(0, rows, y * weights[rows, rank, None])
         return out
 

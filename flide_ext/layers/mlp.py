@@ -10,6 +10,17 @@ from .kernel_module import KernelModule
 from .linear import Linear, StackedLinear
 
 
+def act_mul(act, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``act(gate) * up`` (``[T, I]`` each), rounded as those two torch operations
+    round it; on the CPU computed in float64 and rounded, because CPU vector math
+    takes a scalar path for a tensor's tail elements, so a float32 activation
+    could differ by an ulp with the round's size (as :func:`~flide_ext.kernels.silu_mul.silu_mul_ref`)."""
+    if gate.device.type == "cpu" and gate.dtype != torch.float64:
+        a = act(gate.double()).to(gate.dtype)
+        return (a.double() * up.double()).to(gate.dtype)
+    return act(gate) * up
+
+
 class GatedMLP(KernelModule):
     """``down(act(gate(x)) * up(x))``; ``x`` ``[T, hidden]`` -> ``[T, hidden]``.
 
@@ -30,4 +41,4 @@ class GatedMLP(KernelModule):
         gate, up = self.gate_up(x)
         if self.act_name == "silu":
             return self.down_proj(silu_mul(gate, up, self.backend))
-        return self.down_proj(self.act(gate) * up)
+        return self.down_proj(act_mul(self.act, gate, up))

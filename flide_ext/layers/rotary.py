@@ -33,7 +33,9 @@ class RotaryEmbedding:
         config: the model's transformers config.
         head_dim: the head size the tables rotate (the default type's).
         layer_type: read ``rope_parameters[layer_type]`` (configs with one set
-            per layer type, as Gemma 4's); None: ``rope_parameters`` itself.
+            per layer type, as Gemma 4's, whose ``"default"`` type rotates the
+            whole head even beside a ``partial_rotary_factor``); None:
+            ``rope_parameters`` itself.
     """
 
     def __init__(self, config, head_dim: int, device: torch.device | str = "cpu", layer_type: Optional[str] = None):
@@ -42,6 +44,8 @@ class RotaryEmbedding:
         params = _rope_parameters(config, layer_type)
         rope_type = params.get("rope_type", "default")
         factor = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+        if layer_type is not None and rope_type == "default":
+            factor = 1.0  # Gemma 4's own default rotary turns the whole head, whatever the factor says
         self.rotary_dim = int(head_dim * factor)
         if rope_type == "default":
             theta = params.get("rope_theta", 10000.0)

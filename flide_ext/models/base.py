@@ -100,6 +100,11 @@ class FlatCausalLM(nn.Module):
         self.config = config
         self.rotary = self.make_rotary(config)
 
+    @property
+    def token_vocab_size(self) -> int:
+        """Token ids below this are valid in prompts and labels: the vocabulary."""
+        return int(self.config.vocab_size)
+
     def make_rotary(self, config):
         """The rotary tables' maker (:meth:`rope_tables` calls it)."""
         return RotaryEmbedding(config, head_dim_of(config))

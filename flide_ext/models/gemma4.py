@@ -30,7 +30,7 @@ from transformers.activations import ACT2FN
 from ..layers.context import ForwardContext
 from ..layers.gemma4_blocks import Gemma4Attention, Gemma4Experts, Gemma4Router, moe_output
 from ..layers.linear import Linear
-from ..layers.mlp import GatedMLP
+from ..layers.mlp import GatedMLP, act_mul
 from ..layers.norm import WeightedRMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .base import FlatCausalLM
@@ -62,7 +62,7 @@ def kv_sources(config) -> list[Optional[int]]:
 
 
 class Gemma4DecoderLayer(nn.Module):
-    def __init__(self, config, layer: int, index: int, source: int, lends: bool, shared: bool):
+    def __init__(self, config, layer: int, index: int, lends: bool, shared: bool):
         super().__init__()
         H, eps = config.hidden_size, config.rms_norm_eps
         self.layer = layer
@@ -100,7 +100,7 @@ class Gemma4DecoderLayer(nn.Module):
             m = self.post_feedforward_layernorm_1(m) + self.post_feedforward_layernorm_2(experts)
         h = h + self.post_feedforward_layernorm(m)
         if self.per_layer_size:
-            z = self.act(self.per_layer_input_gate(h.to(dtype))) * ctx.per_layer_inputs[:, self.layer]
+            z = act_mul(self.act, self.per_layer_input_gate(h.to(dtype)), ctx.per_layer_inputs[:, self.layer])
             h = h + self.post_per_layer_input_norm(self.per_layer_projection(z))
         return h * self.layer_scalar, None
 
@@ -115,7 +115,7 @@ class Gemma4Model(nn.Module):
         index = {layer: rank for rank, layer in enumerate(owners)}  # K/V pool rank of each owning layer
         lenders = {s for i, s in enumerate(sources) if s != i}
         self.layers = nn.ModuleList(
-            Gemma4DecoderLayer(config, i, index[s], s, s in lenders, s != i) for i, s in enumerate(sources))
+            Gemma4DecoderLayer(config, i, index[s], s in lenders, s != i) for i, s in enumerate(sources))
         self.norm = WeightedRMSNorm(H, config.rms_norm_eps)
         self.per_layer_size = config.hidden_size_per_layer_input or 0
         if self.per_layer_size:
@@ -136,6 +136,14 @@ class Gemma4ForCausalLM(FlatCausalLM):
         self.model = Gemma4Model(config)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.logit_softcap = config.final_logit_softcapping
+
+    @property
+    def token_vocab_size(self) -> int:
+        # A per-layer embedding table shorter than the vocabulary (never in the
+        # published checkpoints) has no row for the ids past it.
+        if self.model.per_layer_size:
+            return min(int(self.config.vocab_size), int(self.config.vocab_size_per_layer_input))
+        return int(self.config.vocab_size)
 
     def make_rotary(self, config) -> dict:
         return {layer_type: RotaryEmbedding(config, config.per_layer_config[layer_type].head_dim,

@@ -28,6 +28,17 @@ def load_config(model_dir: str | Path):
         raise ModelLoadError(f"model path {str(model_dir)!r}: config.json is not readable: {e}") from e
 
 
+def check_gpu_support(model_class, name: str, device) -> None:
+    """Refuse a CUDA device for a family without a GPU path (its ``gpu_gap``).
+
+    Raises:
+        ModelLoadError: naming the family and why.
+    """
+    gpu_gap = getattr(model_class, "gpu_gap", None)
+    if torch.device(device).type == "cuda" and gpu_gap:
+        raise ModelLoadError(f"architecture {name!r} runs on the CPU only so far: {gpu_gap}")
+
+
 def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device | str):
     """Instantiate the checkpoint's architecture and load its weights.
 
@@ -45,9 +56,7 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device |
         raise ModelLoadError(
             f"architecture {arch!r} is not supported; supported: {', '.join(sorted(MODEL_CLASSES))}"
         )
-    gpu_gap = MODEL_CLASSES[arch].gpu_gap
-    if torch.device(device).type == "cuda" and gpu_gap:
-        raise ModelLoadError(f"architecture {arch!r} runs on the CPU only so far: {gpu_gap}")
+    check_gpu_support(MODEL_CLASSES[arch], arch, device)
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"model path {str(model_dir)!r} has no .safetensors weights")

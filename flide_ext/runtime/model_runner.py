@@ -17,7 +17,7 @@ from ..assets.builtin_models import resolve_model_path
 from ..kernels.dispatch import environment_backend
 from ..layers.readout import normalised_over_labels
 from ..models.base import RESIDUAL_DTYPE
-from ..models.loader import load_model
+from ..models.loader import check_gpu_support, load_model
 from ..plan.flat import FlatPlan
 from ..protocol.errors import ModelLoadError
 from .cache_budget import cache_sizes, default_cache_bytes, round_working_bytes
@@ -138,6 +138,7 @@ class ModelRunner:
             self.path = resolve_model_path(model_path)
             self.model, _ = load_model(self.path, dtype, self.device)
         else:
+            check_gpu_support(type(model), type(model).__name__, self.device)
             self.path, self.model = model_path, model
         # A model handed in keeps the backend it was given unless the
         # environment asks for the references.
@@ -147,7 +148,7 @@ class ModelRunner:
         self.model.set_gdn_rule_dtype(gdn_rule_dtype)
         self.model.set_residual_dtype(residual)
         self.config = self.model.config  # the text part, for multimodal checkpoints
-        self.vocab_size = int(self.config.vocab_size)
+        self.vocab_size = self.model.token_vocab_size
         self.state_pool = self.kv_pool = None
         if state_cache_bytes is None:
             state_cache_bytes = default_cache_bytes(self.device, round_working_bytes(self.model, dtype, round_capacity))

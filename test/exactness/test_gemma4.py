@@ -46,6 +46,11 @@ def gemma_models(gemma_dirs):
     return {key: (Engine(str(d)), _hf(d)) for key, d in gemma_dirs.items()}
 
 
+def _labels(request):
+    labels = request["label_token_ids"]
+    return labels if isinstance(labels[0], list) else [labels] * len(request["prompts"])
+
+
 def test_kv_sources_of_the_configs():
     config = tiny_config("gemma4")  # layers S S F | S S F, the last three shared
     assert kv_sources(config) == [0, 1, 2, 1, 1, 2]
@@ -63,6 +68,10 @@ def test_multi_request_round(family, gemma_models):
     requests.append({"prompts": [state, state + [1], state + [1], state + [2]], "label_token_ids": [7, 8, 9]})
     stats = assert_exact(engine, hf, requests)
     assert stats.stream_tokens < stats.prompt_tokens
+    # On the CPU in float32 a question's bits do not depend on its round.
+    for request, answer in zip(requests, engine.score_tokens_batch(requests)):
+        for prompt, labels, got in zip(request["prompts"], _labels(request), answer.label_logprobs):
+            assert engine.score_tokens({"prompts": [prompt], "label_token_ids": [labels]}).label_logprobs[0] == got
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -134,3 +143,35 @@ def test_refused_on_a_gpu_until_its_kernels_exist(gemma_dirs):
 
     with pytest.raises(ModelLoadError, match="'Gemma4ForCausalLM' runs on the CPU only so far: the Triton ForkAttention"):
         load_model(gemma_dirs[("gemma4", 8)], torch.float32, "cuda")
+    from flide_ext.models import Gemma4ForCausalLM, Qwen3_5ForCausalLM
+    from flide_ext.models.loader import check_gpu_support
+
+    # Also a model handed to the engine ready-built.
+    with pytest.raises(ModelLoadError, match="CPU only so far"):
+        check_gpu_support(Gemma4ForCausalLM, "Gemma4ForCausalLM", "cuda:0")
+    check_gpu_support(Gemma4ForCausalLM, "Gemma4ForCausalLM", "cpu")
+    check_gpu_support(Qwen3_5ForCausalLM, "Qwen3_5ForCausalLM", "cuda")
+
+
+def test_default_rope_ignores_a_partial_factor_as_gemma4_does(tmp_path):
+    """Gemma 4's default rotary turns the whole head even when its layer type's
+    parameters name a ``partial_rotary_factor`` (transformers' own Gemma 4 forward)."""
+    rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5},
+            "full_attention": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}
+    directory = write_tiny_checkpoint(tmp_path / "rope", "gemma4", seed=4, sliding_window=8, rope_parameters=rope)
+    engine = Engine(str(directory))
+    assert {t: r.rotary_dim for t, r in engine.model.rotary.items()} == {"sliding_attention": 16, "full_attention": 32}
+    assert_exact(engine, _hf(directory), [make_request(random.Random(4), 30, 3)])
+
+
+def test_ids_past_a_short_per_layer_table_are_refused_alone(tmp_path):
+    from flide_ext.protocol.errors import RequestError
+
+    directory = write_tiny_checkpoint(tmp_path / "ple", "gemma4", seed=5, sliding_window=8,
+                                      vocab_size_per_layer_input=256)
+    engine = Engine(str(directory))
+    assert engine.vocab_size == 256
+    ok = {"prompts": [[1, 2, 3], [1, 2, 4]], "label_token_ids": [5, 6]}
+    answers = engine.score_tokens_batch([ok, {"prompts": [[1, 2, 300]], "label_token_ids": [5, 6]}])
+    assert answers[0].label_logprobs == engine.score_tokens(ok).label_logprobs
+    assert isinstance(answers[1], RequestError) and "token id 300 is outside the vocabulary [0, 256)" in str(answers[1])
