@@ -127,8 +127,9 @@ class Gemma4Model(nn.Module):
 class Gemma4ForCausalLM(FlatCausalLM):
     """Gemma 4 causal LM (dense or MoE, text part) over a flat stream."""
 
-    gpu_gap = ("the Triton ForkAttention holds heads of at most 256 features and Gemma 4's full layers have 512, "
-               "and the flat graphs size their tables for one head shape")
+    gpu_gap = ("its kernels are not yet checked on a GPU (the Triton ForkAttention's tile for Gemma 4's 512-wide "
+               "full-layer heads is untimed), and the flat graphs' round tables hold one ForkAttention block size "
+               "where its sliding and full layers need two")
 
     def __init__(self, config):
         config = getattr(config, "text_config", None) or config

@@ -82,11 +82,13 @@ class TableSpec:
             if mixer is not None:
                 width = mixer.kernel
                 break
-        attn = next((getattr(layer, "self_attn") for layer in model.model.layers if hasattr(layer, "self_attn")), None)
-        block = 64
-        if attn is not None:
-            block = tokens_per_block(attn.head_dim, dtype, attn.num_heads // attn.num_kv_heads)
-        return cls(width, block)
+        blocks = {tokens_per_block(attn.head_dim, dtype, attn.num_heads // attn.num_kv_heads)
+                  for attn in (layer.self_attn for layer in model.model.layers if hasattr(layer, "self_attn"))}
+        if len(blocks) > 1:
+            # One set of round tables serves every attention layer.
+            raise ValueError(f"the model's attention layers cover {sorted(blocks)} stream rows per ForkAttention "
+                             "program; the round's tables hold one block size")
+        return cls(width, blocks.pop() if blocks else 64)
 
     def level_programs(self, capacity: Optional[TableCapacity]) -> Optional[int]:
         return None if capacity is None else min(capacity.segments + 1, LEVEL_PROGRAMS)

@@ -17,7 +17,8 @@ from flide_ext.plan.flat import Resume, plan_round  # noqa: E402
 from test.helpers.kernel_inputs import attention_args, random_prompts  # noqa: E402
 
 
-@pytest.mark.parametrize("Hq,Hkv,D,DV,window", [(4, 2, 16, 16, None), (2, 2, 24, 16, None), (6, 2, 32, 32, 7)])
+@pytest.mark.parametrize("Hq,Hkv,D,DV,window", [(4, 2, 16, 16, None), (2, 2, 24, 16, None), (6, 2, 32, 32, 7),
+                                                 (4, 1, 512, 512, 7)])  # Gemma 4's full-layer heads
 def test_fork_attention_matches_reference(Hq, Hkv, D, DV, window):
     gen = torch.Generator().manual_seed(Hq * 100 + D)
     owners, prompts = random_prompts(gen)
@@ -148,3 +149,15 @@ def test_path_tables_match_a_walk_up_each_segment():
             assert count[s].tolist() == lens and kv[s].tolist() == starts
             assert offset[s].tolist() == [sum(lens[:j]) for j in range(PATH_DEPTH)]
             assert int(own[s]) == sum(lens[:len(path) - 1])
+
+
+def test_head_sizes_over_the_kernels_limit_are_refused():
+    from flide_ext.kernels.fork_attention.kernel import MAX_HEAD_SIZE, tokens_per_block
+
+    gen = torch.Generator().manual_seed(9)
+    plan = plan_round([0], [[1, 2, 3]])
+    args = attention_args(plan, 2, 1, MAX_HEAD_SIZE * 2, MAX_HEAD_SIZE * 2, gen)
+    with pytest.raises(ValueError, match=f"head size {MAX_HEAD_SIZE * 2} is over {MAX_HEAD_SIZE}"):
+        fork_attention_triton(*args)
+    # A 512-wide bf16 head: a narrower tile, one query head per program.
+    assert tokens_per_block(512, torch.bfloat16, 4) == 32 and tokens_per_block(256, torch.bfloat16, 4) == 32

@@ -455,3 +455,20 @@ def test_round_buffers_copy_any_dtype():
         for name in ("positions", "seg_depth", "token_ids", "seg_start"):
             got, want = getattr(out, name), getattr(odd, name)
             assert got.dtype == want.dtype and torch.equal(got, want), name
+
+
+def test_one_table_block_size_for_every_attention_layer():
+    """The round's tables hold one ForkAttention block size: a model whose
+    attention layers would need two (Gemma 4's 16- and 32-wide test heads in
+    bf16, other GQA groups) is refused rather than given wrong tables."""
+    from flide_ext.assets.random_checkpoints import random_model
+    from flide_ext.kernels.fork_attention import tokens_per_block
+    from test.helpers.checkpoints import tiny_config
+
+    gemma = random_model(tiny_config("gemma4"), torch.bfloat16, "cpu")
+    assert tokens_per_block(16, torch.bfloat16, 2) != tokens_per_block(32, torch.bfloat16, 4)
+    with pytest.raises(ValueError, match="one block size"):
+        TableSpec.of(gemma, torch.bfloat16)
+    assert TableSpec.of(gemma, torch.float32).tokens_per_block == 32  # float32 tiles do not depend on the head
+    qwen = random_model(tiny_config("qwen3_5"), torch.bfloat16, "cpu")
+    assert TableSpec.of(qwen, torch.bfloat16).tokens_per_block == tokens_per_block(32, torch.bfloat16, 2)

@@ -21,7 +21,7 @@ __all__ = ["PATH_DEPTH", "fork_attention", "fork_attention_ref", "path_tables", 
 def fork_attention(*args, backend: Optional[str] = None, **kwargs) -> torch.Tensor:
     """ForkAttention; arguments, shapes and result as
     :func:`~.reference.fork_attention_ref`. ``backend``
-    (:mod:`flide_ext.kernels.dispatch`): the Triton kernel (head sizes up to 256;
+    (:mod:`flide_ext.kernels.dispatch`): the Triton kernel (head sizes up to 512;
     ``tables``, the round's precomputed metadata, sized for this model's tile
     shape, fixes its grid for CUDA graphs) or the reference (which ignores
     ``tables``).
@@ -37,7 +37,7 @@ def fork_attention(*args, backend: Optional[str] = None, **kwargs) -> torch.Tens
     Raises:
         ValueError: ``q``, ``k`` or ``v`` not 3-D; ``Hq`` not a multiple of ``Hkv``; a sliding window below 1 or
             not whole; ``kv_index`` not a 1-D int32/int64 tensor on ``q``'s device;
-            on the Triton path a head size over 256 or a segment path deeper than
+            on the Triton path a head size over 512 or a segment path deeper than
             ``PATH_DEPTH``.
     """
     q, k, v = (argument(args, kwargs, i, name) for i, name in enumerate(("q", "k", "v")))

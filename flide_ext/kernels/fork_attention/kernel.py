@@ -139,6 +139,7 @@ def _fork_attention_kernel(
 # H200 by benchmark/kernels/sweep_kernels.py (benchmark/results/kernels/sweep.json).
 # (BLOCK_M rows, BLOCK_N keys, num_warps, num_stages, pack GQA heads into rows)
 TILE_OVERRIDE = None
+MAX_HEAD_SIZE = 512
 
 
 def tokens_per_block(D: int, dtype: torch.dtype, group: int) -> int:
@@ -155,7 +156,11 @@ def _tile_config(D: int, dtype: torch.dtype, group: int) -> tuple[int, int, int,
         return 32, 32, 4, 1, False
     if D <= 128:
         return 64, 64, 4, 2, True
-    return 128, 64, 8, 2, True
+    if D <= 256:
+        return 128, 64, 8, 2, True
+    # Gemma 4's full layers (512): a tile of rows a program can hold beside its
+    # float32 accumulator; not yet timed on a GPU.
+    return 32, 32, 8, 1, False
 
 
 def _build_metadata(seg_parent, seg_start, seg_len, seg_kv_start, seg_kv_len, block_m):
@@ -183,7 +188,8 @@ def fork_attention_triton(
     kv_index: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Triton ForkAttention; arguments, shapes and result as
-    :func:`flide_ext.kernels.fork_attention.reference.fork_attention_ref` (head sizes up to 256).
+    :func:`flide_ext.kernels.fork_attention.reference.fork_attention_ref` (head sizes up to
+    :data:`MAX_HEAD_SIZE`).
 
     ``tables``: the round's precomputed metadata
     (:attr:`flide_ext.kernels.tables.KernelTables.attention`, built for this
@@ -200,15 +206,15 @@ def fork_attention_triton(
     the tensor cores with float32 accumulation.
 
     Raises:
-        ValueError: a head size over 256, or a segment path deeper than
+        ValueError: a head size over :data:`MAX_HEAD_SIZE`, or a segment path deeper than
             ``PATH_DEPTH``. With a sliding window, positions must run contiguously
             along each path (as :func:`flide_ext.plan.flat.plan_round` lays them out):
             key tiles before the window's reach are skipped.
     """
     T, Hq, D = q.shape
     Hkv, DV = k.shape[1], v.shape[2]
-    if max(D, DV) > 256:
-        raise ValueError(f"head size {max(D, DV)} is over 256")
+    if max(D, DV) > MAX_HEAD_SIZE:
+        raise ValueError(f"head size {max(D, DV)} is over {MAX_HEAD_SIZE}")
     out = torch.zeros(T, Hq, DV, dtype=q.dtype, device=q.device)
     if T == 0 or seg_len.numel() == 0:
         return out
