@@ -105,8 +105,8 @@
 # questions/s were 8-11% below 64 / p50; the JSON line's "concurrency" says how close a level came), SMI_LOG
 # (a file in $OUT for nvidia-smi's clocks, power and throttle reasons each second of the call), SHAPE (qwen3.5-4b), HEAD_SCALE (1: the head tied, as in every recorded run; another value unties it), FLIDE_FLAGS (extra flags for Flide's server), FLIDE_LABEL
 # (its results' name, default flide; e.g. flide_off for a run with --disable-radix-cache), STATE_CACHE_GB (the
-# in-process engine's state cache for inprofile and invariance: with the engine's default budget both ran out of
-# memory capturing their graphs on an 80 GB H100, 2026-12-07; 8 fits there).
+# in-process engine's state cache for inprofile and invariance; since d70fac0 the engine's default budget leaves
+# room for the graphs on an 80 GB H100, where the older default ran out of memory, 2026-12-07).
 set -uo pipefail
 REPO=$(pwd)
 OUT=${OUT:-/tmp/bench_out}
