@@ -87,17 +87,15 @@ class ForkSelfAttention(KernelModule):
         o = sigmoid_mul(o, gate, self.backend) if self.gated else o.reshape(T, -1)
         return self.o_proj(o)
 
-    def attend(self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], ctx,
-               kv_layer: Optional[int] = None) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], ctx) -> torch.Tensor:
         """ForkAttention of the stream's queries over their keys.
 
         Args:
             q: ``[T, Hq, D]`` rotated queries.
             k, v: ``[T, Hkv, D]`` this layer's rotated keys and values, which
                 join the K/V pool's rows of attention layer ``self.index`` when
-                the forward has a pool; None: read another layer's instead.
-            kv_layer: with ``k`` and ``v`` None, the attention layer (``index``)
-                whose K/V of this forward are read (a KV-shared layer's source):
+                the forward has a pool. None (a KV-shared layer, whose ``index``
+                is its source's): read the K/V that layer wrote in this forward,
                 its pool rows, or without a pool what it left in ``ctx.layer_kv``.
 
         Returns:
@@ -108,14 +106,13 @@ class ForkSelfAttention(KernelModule):
         if ctx.kv_pool is not None and plan.kv_index is not None:
             # The stream's K/V join the pool's rows; every key, cached or new, is
             # read there in place.
-            index = self.index if k is not None else kv_layer
-            pool_k, pool_v = ctx.kv_pool.k[index], ctx.kv_pool.v[index]
+            pool_k, pool_v = ctx.kv_pool.k[self.index], ctx.kv_pool.v[self.index]
             if k is not None:
                 pool_k.index_copy_(0, plan.stream_rows, k)
                 pool_v.index_copy_(0, plan.stream_rows, v)
             k, v, kv_index = pool_k, pool_v, plan.kv_index
         elif k is None:
-            k, v = ctx.layer_kv[kv_layer]
+            k, v = ctx.layer_kv[self.index]
         return fork_attention(
             q, k, v, plan.seg_parent, plan.seg_start, plan.seg_len, plan.seg_kv_start, plan.seg_kv_len,
             plan.positions, plan.kv_positions, self.scale, self.sliding_window,

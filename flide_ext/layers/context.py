@@ -16,7 +16,9 @@ class ForwardContext:
 
     Attributes:
         plan: the round's flat plan (segment table, levels, slots).
-        cos, sin: ``[T, rotary_dim]`` rotary tables at the stream's logical positions.
+        rope: the rotary tables at the stream's logical positions, by name, each
+            ``(cos, sin)`` ``[T, rotary_dim]``: ``""`` for a model with one set;
+            Gemma 4 names its sliding and full layers' sets by layer type.
         state_pool: the engine's GDN state pool (hybrid models), else None.
         kv_pool: the K/V pool (``k``, ``v``: per attention layer ``[N, Hkv, D]``)
             that attention layers write the stream's K/V to (at
@@ -24,9 +26,6 @@ class ForwardContext:
             ``plan.kv_index``), or None: keys are the stream's own.
         residual_dtype: the residual stream's dtype (the first block's input
             is converted to it); None: the activations'.
-        rope: rotary tables by name, each ``(cos, sin)`` ``[T, rotary_dim]``:
-            ``""`` is ``(cos, sin)``; models whose layers rotate differently
-            (Gemma 4's sliding and full layers) add theirs.
         layer_kv: attention layer index -> its ``(k, v)`` ``[T, Hkv, D]`` of this
             forward, kept by the layers that lend them (KV sharing) when there
             is no K/V pool to read them from.
@@ -34,14 +33,9 @@ class ForwardContext:
     """
 
     plan: FlatPlan
-    cos: torch.Tensor
-    sin: torch.Tensor
+    rope: dict
     state_pool: Optional[object] = None
     kv_pool: Optional[object] = None
     residual_dtype: Optional[torch.dtype] = None
-    rope: dict = field(default_factory=dict)
     layer_kv: dict = field(default_factory=dict)
     per_layer_inputs: Optional[torch.Tensor] = None
-
-    def __post_init__(self):
-        self.rope.setdefault("", (self.cos, self.sin))

@@ -64,7 +64,7 @@ class Gemma4Attention(ForkSelfAttention):
         cos, sin = ctx.rope[self.rope]
         q = rotary(self.q_norm(self.q_proj(x).view(T, self.num_heads, self.head_dim)), cos, sin, self.backend)
         if not self.owns_kv:
-            o = self.attend(q, None, None, ctx, kv_layer=self.index)
+            o = self.attend(q, None, None, ctx)
         else:
             k_raw = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)
             v_raw = k_raw if self.values_from_keys else self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)

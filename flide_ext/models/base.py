@@ -234,9 +234,8 @@ class FlatCausalLM(nn.Module):
         if normed and not self.selective_readout:
             raise ValueError("a forward stops at the normed readout rows only with selective readout on")
         dtype = self.model.embed_tokens.weight.dtype
-        tables = self.rope_tables(plan.positions, dtype)
-        cos, sin = tables.get("") or next(iter(tables.values()))
-        ctx = ForwardContext(plan, cos, sin, state_pool, kv_pool, self.stream_dtype(dtype), rope=tables)
+        ctx = ForwardContext(plan, self.rope_tables(plan.positions, dtype), state_pool, kv_pool,
+                             self.stream_dtype(dtype))
         with checked_rows(self.gemm_rows):
             h = self.hidden_states(ctx, cancelled)
             if not self.selective_readout:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from .capacity import RoundCapacity
+from .kv_pool import kv_row_bytes
 
 
 def default_cache_bytes(device: torch.device, working_bytes: int = 0) -> int:
@@ -39,7 +40,7 @@ def row_and_slot_bytes(model, dtype: torch.dtype) -> tuple[int, int]:
     GDN state slot (one state of every GDN layer: float32 recurrent state and
     ``dtype`` conv window; 0 for models without GDN layers)."""
     item = torch.empty(0, dtype=dtype).element_size()
-    row_bytes = sum((h * d + h * dv) * item for h, d, dv in model.attention_shapes())
+    row_bytes = kv_row_bytes(model.attention_shapes(), dtype)
     slot_bytes = 0
     if model.num_gdn_layers:
         (hv, kd, vd), conv = model.gdn_state_shapes()

@@ -18,6 +18,13 @@ class PoolFullError(RuntimeError):
     """More rows asked for than the pool has free (the caller evicts first)."""
 
 
+def kv_row_bytes(layer_shapes, dtype: torch.dtype) -> int:
+    """Bytes of one K/V row: one token's keys and values in every attention
+    layer of ``layer_shapes`` (``(Hkv, D, Dv)`` each), in ``dtype``."""
+    item = torch.empty(0, dtype=dtype).element_size()
+    return sum((h * d + h * dv) * item for h, d, dv in layer_shapes)
+
+
 class KVPool:
     """Rows of K/V for all attention layers.
 
@@ -39,7 +46,7 @@ class KVPool:
         self.dtype, self.device, self.rows = dtype, torch.device(device), int(rows)
         self.k = [torch.empty(rows + 1, h, d, dtype=dtype, device=device) for h, d, _ in layer_shapes]
         self.v = [torch.empty(rows + 1, h, dv, dtype=dtype, device=device) for h, _, dv in layer_shapes]
-        self.row_bytes = sum((h * d + h * dv) * torch.empty(0, dtype=dtype).element_size() for h, d, dv in layer_shapes)
+        self.row_bytes = kv_row_bytes(layer_shapes, dtype)
         # A stack of free rows: the lowest rows come out first.
         self._free = np.arange(rows - 1, -1, -1, dtype=np.int64)
         self._top = rows
