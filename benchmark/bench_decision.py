@@ -69,7 +69,7 @@ from agent_trajectories import AgentShape, run_agents  # noqa: E402
 from workloads import WORKLOADS, workload_prompts  # noqa: E402
 
 from flide_ext import Engine  # noqa: E402
-from flide_ext.assets.random_checkpoints import qwen35_config, random_model  # noqa: E402
+from flide_ext.assets.random_checkpoints import random_model, shape_config, shape_names  # noqa: E402
 from flide_ext.runtime.strategies import run_strategy  # noqa: E402
 
 METHODS = ("flide", "no_fork", "prefix_cache", "full_readout", "no_graphs", "per_shape_graphs", "hf")
@@ -90,14 +90,15 @@ DENSE_SHAPES = {
 
 
 def model_config(name: str):
-    """transformers config of a named shape (Qwen3.5 from its model cards; Qwen3-4B
-    and Llama-3.2-1B from their published config.json).
+    """transformers config of a named shape (Qwen3.5 from its model cards, Gemma 4
+    and Qwen3-4B and Llama-3.2-1B from their published config.json;
+    :func:`flide_ext.assets.random_checkpoints.shape_config`).
 
     Raises:
         KeyError: an unknown name.
     """
-    if name.startswith("qwen3.5-"):
-        return qwen35_config(name)
+    if name in shape_names():
+        return shape_config(name)
     if name == "tiny-qwen3.5":
         from check_kernels import tiny_qwen35_config  # benchmark/kernels: the GPU checks' tiny model
 
@@ -419,8 +420,8 @@ def main(argv=None) -> int:
         try:
             model_config(name)
         except KeyError:
-            print(f"bench_decision.py: unknown model {name!r} (qwen3.5-0.8b, qwen3.5-4b, qwen3.5-9b, qwen3-4b, "
-                  "llama-3.2-1b, tiny-qwen3.5)", file=sys.stderr)
+            known = ", ".join([*shape_names(), *DENSE_SHAPES, "tiny-qwen3.5"])
+            print(f"bench_decision.py: unknown model {name!r} ({known})", file=sys.stderr)
             return 2
     if args.agents and args.disable_radix_cache:
         print("bench_decision.py: --agents needs the state cache (drop --disable-radix-cache)", file=sys.stderr)

@@ -276,7 +276,7 @@ def conv_rounds(cases):
         owners, prompts = workload_prompts(name, requests)
         plan = plan_round(owners, prompts, "cpu")
         plan.assign_slots([-1] * plan.num_segments)
-        t = device_round(plan, TableSpec(4, 64), "cuda", capacity.tables, capacity.segments).tables
+        t = device_round(plan, TableSpec(4, (64,)), "cuda", capacity.tables, capacity.segments).tables
         gen = torch.Generator(device="cuda").manual_seed(0)
         x = torch.randn(capacity.tokens, stacked, generator=gen, device="cuda").to(torch.bfloat16)[:, :C]
         w = torch.randn(C, 4, generator=gen, device="cuda").to(torch.bfloat16)

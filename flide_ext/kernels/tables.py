@@ -47,7 +47,7 @@ class TableCapacity:
         return -(-self.tokens // CHUNK) + self.segments
 
     def blocks(self, tokens_per_block: int) -> int:
-        """Upper bound of ForkAttention query blocks."""
+        """Upper bound of ForkAttention query blocks of ``tokens_per_block`` rows."""
         return -(-self.tokens // tokens_per_block) + self.segments
 
 
@@ -59,9 +59,12 @@ class KernelTables:
     segment), ``T`` its stream rows.
 
     Attributes:
-        attention: ForkAttention's ``(num_blocks, block_seg [NB], block_row [NB],
-            seg_start [S1], seg_len [S1], own_offset [S1], path_kv [S1, D],
-            path_offset [S1, D], path_len [S1, D])`` with ``D = PATH_DEPTH``
+        attention: ForkAttention's tables by block size (stream rows per
+            program; a model whose attention layers have different head shapes,
+            such as Gemma 4's sliding and full layers, may need two), each
+            ``(num_blocks, block_seg [NB], block_row [NB], seg_start [S1],
+            seg_len [S1], own_offset [S1], path_kv [S1, D], path_offset [S1, D],
+            path_len [S1, D])`` with ``D = PATH_DEPTH``
             (:func:`flide_ext.kernels.fork_attention.paths.path_tables`).
         token_segment: ``[T]`` segment of each row (the padding segment past the round).
         seg_start, seg_len: ``[S1]`` stream rows of each segment.
@@ -86,7 +89,7 @@ class KernelTables:
         padding_segment: ``S1 - 1``.
     """
 
-    attention: tuple
+    attention: dict
     token_segment: torch.Tensor
     seg_start: torch.Tensor
     seg_len: torch.Tensor
@@ -159,7 +162,7 @@ def _filled(size: int, value: int, dtype=np.int64) -> np.ndarray:
     return out
 
 
-def table_arrays(plan, capacity: Optional[TableCapacity], conv_width: int, tokens_per_block: int,
+def table_arrays(plan, capacity: Optional[TableCapacity], conv_width: int, block_sizes: tuple[int, ...],
                  level_programs: Optional[int] = None) -> dict:
     """The tables of a round as host numpy arrays, padded to ``capacity``
     (int32, except ``cu_seqlens`` and ``chunk_indices`` int64 and ``row_valid``
@@ -172,11 +175,13 @@ def table_arrays(plan, capacity: Optional[TableCapacity], conv_width: int, token
         capacity: sizes to pad to; None pads to the round itself (plus the
             padding segment).
         conv_width: the GDN conv kernel width (any value >= 1 without GDN layers).
-        tokens_per_block: ForkAttention's query rows per program.
+        block_sizes: ForkAttention's query rows per program, one entry per
+            tile shape the model's attention layers use.
         level_programs: programs per inter-chunk launch (default: the largest level).
 
     Returns:
-        The fields of :class:`KernelTables` (``attention`` a tuple of its count and arrays).
+        The fields of :class:`KernelTables` (``attention`` a dict from block size to a
+        tuple of its count and arrays).
 
     Raises:
         ValueError: the round does not fit ``capacity``.
@@ -200,12 +205,6 @@ def table_arrays(plan, capacity: Optional[TableCapacity], conv_width: int, token
     seg_len = padded(plan.seg_len, 0)
     path_kv, path_offset, path_len, own = path_arrays(padded(plan.seg_parent, -1), padded(plan.seg_kv_start, 0),
                                                       padded(plan.seg_kv_len, 0))
-    block_seg, block_row = block_arrays(seg_len, tokens_per_block)
-    NB = capacity.blocks(tokens_per_block)
-    blocks = _filled(NB, pad, np.int32)
-    blocks[:block_seg.size] = block_seg
-    block_rows = np.zeros(NB, dtype=np.int32)
-    block_rows[:block_row.size] = block_row
 
     token_segment = _filled(capacity.tokens, pad, np.int32)
     token_segment[:T] = plan.token_segment.numpy()
@@ -244,7 +243,15 @@ def table_arrays(plan, capacity: Optional[TableCapacity], conv_width: int, token
     row_valid[:T] = True
 
     seg_start32, seg_len32 = seg_start.astype(np.int32), seg_len.astype(np.int32)
-    attention = (NB, blocks, block_rows, seg_start32, seg_len32, own, path_kv, path_offset, path_len)
+    attention = {}
+    for size in block_sizes:
+        block_seg, block_row = block_arrays(seg_len, size)
+        NB = capacity.blocks(size)
+        blocks = _filled(NB, pad, np.int32)
+        blocks[:block_seg.size] = block_seg
+        block_rows = np.zeros(NB, dtype=np.int32)
+        block_rows[:block_row.size] = block_row
+        attention[size] = (NB, blocks, block_rows, seg_start32, seg_len32, own, path_kv, path_offset, path_len)
     return dict(
         attention=attention, token_segment=token_segment, seg_start=seg_start32, seg_len=seg_len32,
         conv_history=history, history_slot=history_slot, initial_slot=initial, final_slot=final,
@@ -254,19 +261,19 @@ def table_arrays(plan, capacity: Optional[TableCapacity], conv_width: int, token
     )
 
 
-def build_tables(plan, capacity: Optional[TableCapacity], conv_width: int, tokens_per_block: int,
+def build_tables(plan, capacity: Optional[TableCapacity], conv_width: int, block_sizes: tuple[int, ...],
                  level_programs: Optional[int] = None) -> dict:
     """The tables of a round as host (CPU) tensors, padded to ``capacity``:
     :func:`table_arrays` with its arrays as tensors (sharing their memory).
 
     Returns:
-        The fields of :class:`KernelTables` as CPU tensors (``attention`` a tuple).
+        The fields of :class:`KernelTables` as CPU tensors (``attention`` a dict of tuples).
 
     Raises:
         ValueError: as :func:`table_arrays`.
     """
-    arrays = table_arrays(plan, capacity, conv_width, tokens_per_block, level_programs)
-    att = arrays["attention"]
+    arrays = table_arrays(plan, capacity, conv_width, block_sizes, level_programs)
     out = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in arrays.items()}
-    out["attention"] = (att[0],) + tuple(torch.from_numpy(a) for a in att[1:])
+    out["attention"] = {size: (att[0],) + tuple(torch.from_numpy(a) for a in att[1:])
+                        for size, att in arrays["attention"].items()}
     return out

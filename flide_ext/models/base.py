@@ -90,8 +90,6 @@ class FlatCausalLM(nn.Module):
     gemm_rows: Optional[GemmRows] = None
     #: Rows per LM head block when ``selective_readout`` is off.
     full_readout_block = 4096
-    #: Why this family cannot run on a GPU yet (None: it can); the loader refuses CUDA devices then.
-    gpu_gap: Optional[str] = None
     #: Final logit soft-capping (:func:`~flide_ext.layers.readout.soft_capped`); None: none.
     logit_softcap: Optional[float] = None
 
@@ -99,6 +97,12 @@ class FlatCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.rotary = self.make_rotary(config)
+
+    @classmethod
+    def gpu_gap(cls, config) -> Optional[str]:
+        """Why a checkpoint of this family and ``config`` cannot run on a GPU yet
+        (None: it can); the loader refuses CUDA devices then."""
+        return None
 
     @property
     def token_vocab_size(self) -> int:

@@ -28,15 +28,18 @@ def load_config(model_dir: str | Path):
         raise ModelLoadError(f"model path {str(model_dir)!r}: config.json is not readable: {e}") from e
 
 
-def check_gpu_support(model_class, name: str, device) -> None:
-    """Refuse a CUDA device for a family without a GPU path (its ``gpu_gap``).
+def check_gpu_support(model_class, name: str, device, config) -> None:
+    """Refuse a CUDA device for a checkpoint without a GPU path (its class's
+    ``gpu_gap(config)``).
 
     Raises:
-        ModelLoadError: naming the family and why.
+        ModelLoadError: naming the architecture and why.
     """
-    gpu_gap = getattr(model_class, "gpu_gap", None)
-    if torch.device(device).type == "cuda" and gpu_gap:
-        raise ModelLoadError(f"architecture {name!r} runs on the CPU only so far: {gpu_gap}")
+    if torch.device(device).type != "cuda" or not hasattr(model_class, "gpu_gap"):
+        return
+    gap = model_class.gpu_gap(getattr(config, "text_config", None) or config)
+    if gap:
+        raise ModelLoadError(f"architecture {name!r} runs on the CPU only so far: {gap}")
 
 
 def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device | str):
@@ -56,7 +59,7 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device |
         raise ModelLoadError(
             f"architecture {arch!r} is not supported; supported: {', '.join(sorted(MODEL_CLASSES))}"
         )
-    check_gpu_support(MODEL_CLASSES[arch], arch, device)
+    check_gpu_support(MODEL_CLASSES[arch], arch, device, config)
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"model path {str(model_dir)!r} has no .safetensors weights")

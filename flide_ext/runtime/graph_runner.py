@@ -68,11 +68,13 @@ class TableSpec:
 
     Attributes:
         conv_width: the GDN conv kernel width (1 without GDN layers).
-        tokens_per_block: ForkAttention's stream rows per program.
+        block_sizes: ForkAttention's stream rows per program, ascending, one
+            entry per tile shape among the model's attention layers (Gemma 4's
+            sliding and full layers may need two).
     """
 
     conv_width: int
-    tokens_per_block: int
+    block_sizes: tuple[int, ...]
 
     @classmethod
     def of(cls, model, dtype: torch.dtype) -> "TableSpec":
@@ -84,11 +86,7 @@ class TableSpec:
                 break
         blocks = {tokens_per_block(attn.head_dim, dtype, attn.num_heads // attn.num_kv_heads)
                   for attn in (layer.self_attn for layer in model.model.layers if hasattr(layer, "self_attn"))}
-        if len(blocks) > 1:
-            # One set of round tables serves every attention layer.
-            raise ValueError(f"the model's attention layers cover {sorted(blocks)} stream rows per ForkAttention "
-                             "program; the round's tables hold one block size")
-        return cls(width, blocks.pop() if blocks else 64)
+        return cls(width, tuple(sorted(blocks)))
 
     def level_programs(self, capacity: Optional[TableCapacity]) -> Optional[int]:
         return None if capacity is None else min(capacity.segments + 1, LEVEL_PROGRAMS)

@@ -138,7 +138,7 @@ class ModelRunner:
             self.path = resolve_model_path(model_path)
             self.model, _ = load_model(self.path, dtype, self.device)
         else:
-            check_gpu_support(type(model), type(model).__name__, self.device)
+            check_gpu_support(type(model), type(model).__name__, self.device, model.config)
             self.path, self.model = model_path, model
         # A model handed in keeps the backend it was given unless the
         # environment asks for the references.

@@ -79,7 +79,7 @@ def _layout(named: dict) -> tuple[list, int]:
 
 def _named_tensors(plan: FlatPlan, tables: Optional[dict]) -> dict:
     # Every tensor the buffers hold, by name: the plan's (None fields stay out)
-    # and the tables' (ForkAttention's tuple as attention0, attention1, ...).
+    # and the tables' (ForkAttention's tuple of block size B as attentionB_0, attentionB_1, ...).
     named = {}
     for f in fields(FlatPlan):
         value = getattr(plan, f.name)
@@ -88,8 +88,9 @@ def _named_tensors(plan: FlatPlan, tables: Optional[dict]) -> dict:
     if tables is not None:
         for name, value in tables.items():
             if name == "attention":
-                for i, t in enumerate(value[1:]):
-                    named[f"attention{i}"] = t
+                for size, att in value.items():
+                    for i, t in enumerate(att[1:]):
+                        named[f"attention{size}_{i}"] = t
             elif isinstance(value, (torch.Tensor, np.ndarray)):
                 named[name] = value
     return named
@@ -224,9 +225,9 @@ class RoundBuffers:
         if with_levels:
             changes["levels"] = [v[f"level{d}"] for d in range(len(plan.levels))]
         if tables is not None:
-            att = tables["attention"]
             kernel = {name: (v[name] if name in v else value) for name, value in tables.items() if name != "attention"}
-            kernel["attention"] = (att[0],) + tuple(v[f"attention{i}"] for i in range(len(att) - 1))
+            kernel["attention"] = {size: (att[0],) + tuple(v[f"attention{size}_{i}"] for i in range(len(att) - 1))
+                                   for size, att in tables["attention"].items()}
             changes["tables"] = KernelTables(**kernel)
         return replace(plan, _level_tables=None, **changes)
 
@@ -259,7 +260,7 @@ def device_round(plan: FlatPlan, spec, device, capacity: Optional[TableCapacity]
     readouts = readouts or int(plan.readout_rows.numel())
     tables = None
     if spec is not None:
-        tables = table_arrays(plan, capacity, spec.conv_width, spec.tokens_per_block, spec.level_programs(capacity))
+        tables = table_arrays(plan, capacity, spec.conv_width, spec.block_sizes, spec.level_programs(capacity))
     if not device_plan and capacity is not None and tables is not None and buffers._layout is not None:
         buffers.write_padded(plan, capacity, readouts, tables)
         return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -137,20 +138,63 @@ def test_multimodal_checkpoint_text_part(gemma_dirs, tmp_path):
         Engine(str(text_dir)).score_tokens(request).label_logprobs
 
 
-def test_refused_on_a_gpu_until_its_kernels_exist(gemma_dirs):
-    from flide_ext.models.loader import load_model
+def test_round_tables_of_two_block_sizes_through_the_triton_kernels(gemma_dirs, monkeypatch):
+    """The GPU path's kernels and round tables (Triton, interpreted), with tiles
+    of 16 rows for the 16-wide sliding heads and 32 for the 32-wide full ones, so
+    the round's tables hold two ForkAttention block sizes: a multi-request round
+    crossing the window equals the reference path (1e-4), and padded to a larger
+    capacity (a graph's tables) equals itself unpadded (1e-5)."""
+    import flide_ext.kernels.fork_attention.kernel as fat
+    from flide_ext.kernels.tables import TableCapacity
+    from flide_ext.plan.flat import plan_round
+    from flide_ext.runtime.graph_runner import TableSpec
+    from flide_ext.runtime.round_buffers import device_round
+
+    monkeypatch.setattr(fat, "_tile_config",
+                        lambda D, dtype, group: (16, 16, 4, 1, False) if D <= 16 else (32, 32, 4, 1, False))
+    model = Engine(str(gemma_dirs[("gemma4", 8)])).model
+    spec = TableSpec.of(model, torch.float32)
+    assert spec.block_sizes == (16, 32)
+    rng = random.Random(5)
+    state = [rng.randrange(3, VOCAB) for _ in range(40)]
+    requests = [0, 0, 0, 1, 1]
+    prompts = [state + [7], state + [8, 9, 10], state + [11] * 20, [5, 6, 7, 8], [5, 6, 7, 9, 9, 9]]
+    plan = plan_round(requests, prompts, "cpu")
+    R = int(plan.readout_rows.numel())
+
+    def logprobs(p):
+        with torch.inference_mode():
+            return model(p, None)
+
+    want = logprobs(plan)
+    model.set_kernel_backend("triton")
+    exact = logprobs(device_round(plan, spec, "cpu"))
+    wide = logprobs(device_round(plan, spec, "cpu", TableCapacity(tokens=256, segments=12, levels=3), 12))
+    torch.testing.assert_close(exact, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(wide[:R], exact, rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(wide).all()
+
+
+def test_moe_refused_on_a_gpu_dense_allowed(gemma_dirs):
+    """The MoE variant is refused on a CUDA device in one line naming why (its
+    experts are chosen on the host), loaded or handed to the engine built; the
+    dense variants and the CPU pass the check."""
+    from flide_ext.models import Gemma4ForCausalLM, Qwen3_5ForCausalLM
+    from flide_ext.models.loader import check_gpu_support, load_model
     from flide_ext.protocol.errors import ModelLoadError
 
-    with pytest.raises(ModelLoadError, match="'Gemma4ForCausalLM' runs on the CPU only so far: its kernels are not yet checked on a GPU"):
-        load_model(gemma_dirs[("gemma4", 8)], torch.float32, "cuda")
-    from flide_ext.models import Gemma4ForCausalLM, Qwen3_5ForCausalLM
-    from flide_ext.models.loader import check_gpu_support
-
-    # Also a model handed to the engine ready-built.
+    with pytest.raises(ModelLoadError, match="'Gemma4ForCausalLM' runs on the CPU only so far: its MoE block"):
+        load_model(gemma_dirs[("gemma4_moe", 8)], torch.float32, "cuda")
+    moe, dense = tiny_config("gemma4_moe"), tiny_config("gemma4")
     with pytest.raises(ModelLoadError, match="CPU only so far"):
-        check_gpu_support(Gemma4ForCausalLM, "Gemma4ForCausalLM", "cuda:0")
-    check_gpu_support(Gemma4ForCausalLM, "Gemma4ForCausalLM", "cpu")
-    check_gpu_support(Qwen3_5ForCausalLM, "Qwen3_5ForCausalLM", "cuda")
+        check_gpu_support(Gemma4ForCausalLM, "Gemma4ForCausalLM", "cuda:0", moe)
+    with pytest.raises(ModelLoadError, match="CPU only so far"):  # the text part of a multimodal config
+        check_gpu_support(Gemma4ForCausalLM, "Gemma4ForConditionalGeneration", "cuda", SimpleNamespace(text_config=moe))
+    check_gpu_support(Gemma4ForCausalLM, "Gemma4ForCausalLM", "cpu", moe)
+    check_gpu_support(Gemma4ForCausalLM, "Gemma4ForCausalLM", "cuda", dense)
+    check_gpu_support(Gemma4ForCausalLM, "Gemma4ForCausalLM", "cuda", tiny_config("gemma4_dense"))
+    check_gpu_support(Qwen3_5ForCausalLM, "Qwen3_5ForCausalLM", "cuda", tiny_config("qwen3_5"))
+
 
 
 def test_default_rope_ignores_a_partial_factor_as_gemma4_does(tmp_path):

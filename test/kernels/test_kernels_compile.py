@@ -137,7 +137,7 @@ def test_table_driven_kernels_compile_for_h200(monkeypatch):
 
     plan = keep_parent_states(_plan())
     cap = TableCapacity(tokens=512, segments=16, levels=4)
-    tables = RoundBuffers("cpu").write(plan, build_tables(plan, cap, 4, 32, level_programs=17)).tables
+    tables = RoundBuffers("cpu").write(plan, build_tables(plan, cap, 4, (32,), level_programs=17)).tables
     T, H, HV, K, V = cap.tokens, 16, 32, 128, 128
     C = 2 * H * K + HV * V
     rec_conv = record(monkeypatch, conv, "_causal_conv1d_tree_kernel")

@@ -50,10 +50,11 @@ def test_attention_and_gdn_tables_match_the_round(tiny_dirs):
     engine = Engine(str(tiny_dirs["qwen3_5"]))
     plan = _planned(engine.model, *_round())
     cap = TableCapacity(tokens=256, segments=16, levels=4)
-    t = build_tables(plan, cap, conv_width=4, tokens_per_block=16)
+    t = build_tables(plan, cap, conv_width=4, block_sizes=(16,))
     want = _build_metadata(plan.seg_parent, plan.seg_start, plan.seg_len, plan.seg_kv_start, plan.seg_kv_len, 16)
     S, n = plan.num_segments, want[0]
-    NB, block_seg, block_row, starts, lens, own, path_kv, path_offset, path_len = t["attention"]
+    assert list(t["attention"]) == [16]
+    NB, block_seg, block_row, starts, lens, own, path_kv, path_offset, path_len = t["attention"][16]
     assert NB == cap.blocks(16) and block_seg.shape == (NB,)
     assert torch.equal(block_seg[:n], want[1]) and torch.equal(block_row[:n], want[2])
     assert bool((block_seg[n:] == cap.segments).all())  # padding blocks name the padding segment
@@ -75,10 +76,10 @@ def test_attention_and_gdn_tables_match_the_round(tiny_dirs):
     with pytest.raises(ValueError, match="does not fit"):
         build_tables(plan, TableCapacity(64, 16, 4), 4, 16)
     # The numpy arrays the round buffers copy are the same tables.
-    arrays = table_arrays(plan, cap, conv_width=4, tokens_per_block=16)
+    arrays = table_arrays(plan, cap, conv_width=4, block_sizes=(16,))
     assert arrays.keys() == t.keys()
     for name, value in arrays.items():
-        pairs = zip(value[1:], t[name][1:]) if name == "attention" else [(value, t[name])]
+        pairs = zip(value[16][1:], t[name][16][1:]) if name == "attention" else [(value, t[name])]
         for a, b in pairs:
             if isinstance(a, np.ndarray):
                 assert torch.equal(torch.from_numpy(a), b), name
@@ -275,7 +276,7 @@ def test_write_padded_copies_the_bytes_of_the_padded_plan(pooled):
     writing it does, round after round into one layout: rounds with and without
     K/V pool rows, resumed from a checkpoint, of other sizes; and refuses what
     does not fit or has another layout."""
-    spec = TableSpec(conv_width=4, tokens_per_block=16)
+    spec = TableSpec(conv_width=4, block_sizes=(16,))
     cap, readouts = TableCapacity(tokens=200, segments=12, levels=3), 12
 
     def planned(requests, prompts, resume=None):
@@ -457,18 +458,39 @@ def test_round_buffers_copy_any_dtype():
             assert got.dtype == want.dtype and torch.equal(got, want), name
 
 
-def test_one_table_block_size_for_every_attention_layer():
-    """The round's tables hold one ForkAttention block size: a model whose
-    attention layers would need two (Gemma 4's 16- and 32-wide test heads in
-    bf16, other GQA groups) is refused rather than given wrong tables."""
+def test_tables_hold_every_block_size_the_attention_layers_need(tiny_dirs):
+    """A model whose attention layers use two ForkAttention tile shapes (Gemma 4's
+    16- and 32-wide test heads in bf16) gets tables for both block sizes, each
+    what the kernel builds for itself from the round; a layer whose block size
+    the tables lack is refused rather than given another's tables."""
+    from flide_ext import Engine
     from flide_ext.assets.random_checkpoints import random_model
     from flide_ext.kernels.fork_attention import tokens_per_block
+    from flide_ext.kernels.fork_attention.kernel import fork_attention_triton
     from test.helpers.checkpoints import tiny_config
 
     gemma = random_model(tiny_config("gemma4"), torch.bfloat16, "cpu")
-    assert tokens_per_block(16, torch.bfloat16, 2) != tokens_per_block(32, torch.bfloat16, 4)
-    with pytest.raises(ValueError, match="one block size"):
-        TableSpec.of(gemma, torch.bfloat16)
-    assert TableSpec.of(gemma, torch.float32).tokens_per_block == 32  # float32 tiles do not depend on the head
+    sizes = (tokens_per_block(16, torch.bfloat16, 2), tokens_per_block(32, torch.bfloat16, 4))
+    assert sizes[0] != sizes[1]
+    spec = TableSpec.of(gemma, torch.bfloat16)
+    assert spec.block_sizes == tuple(sorted(sizes))
+    assert TableSpec.of(gemma, torch.float32).block_sizes == (32,)  # float32 tiles do not depend on the head
     qwen = random_model(tiny_config("qwen3_5"), torch.bfloat16, "cpu")
-    assert TableSpec.of(qwen, torch.bfloat16).tokens_per_block == tokens_per_block(32, torch.bfloat16, 2)
+    assert TableSpec.of(qwen, torch.bfloat16).block_sizes == (tokens_per_block(32, torch.bfloat16, 2),)
+
+    plan = _planned(Engine(str(tiny_dirs["qwen3_5"])).model, *_round())
+    cap = TableCapacity(tokens=256, segments=16, levels=4)
+    t = build_tables(plan, cap, conv_width=4, block_sizes=spec.block_sizes)
+    assert sorted(t["attention"]) == sorted(sizes)
+    for size in sizes:
+        want = _build_metadata(plan.seg_parent, plan.seg_start, plan.seg_len, plan.seg_kv_start, plan.seg_kv_len,
+                               size)
+        NB, block_seg, block_row = t["attention"][size][:3]
+        assert NB == cap.blocks(size) and torch.equal(block_seg[:want[0]], want[1])
+        assert torch.equal(block_row[:want[0]], want[2])
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(plan.num_tokens, h, 16, generator=gen) for h in (4, 1, 1))
+    args = (q, k, v, plan.seg_parent, plan.seg_start, plan.seg_len, plan.seg_kv_start, plan.seg_kv_len,
+            plan.positions, plan.positions, 0.25)
+    with pytest.raises(ValueError, match="not this layer's 32"):
+        fork_attention_triton(*args, tables={64: t["attention"][sizes[0]]})

@@ -22,9 +22,9 @@ def fork_attention(*args, backend: Optional[str] = None, **kwargs) -> torch.Tens
     """ForkAttention; arguments, shapes and result as
     :func:`~.reference.fork_attention_ref`. ``backend``
     (:mod:`flide_ext.kernels.dispatch`): the Triton kernel (head sizes up to 512;
-    ``tables``, the round's precomputed metadata, sized for this model's tile
-    shape, fixes its grid for CUDA graphs) or the reference (which ignores
-    ``tables``).
+    ``tables``, the round's precomputed metadata by block size, holding this
+    layer's tile shape, fixes its grid for CUDA graphs) or the reference (which
+    ignores ``tables``).
 
     ``kv_index`` (``[Tk']`` int32 or int64, on ``q``'s device; None: the
     identity): the row of ``k`` and ``v`` holding each key-array position, so

@@ -191,9 +191,9 @@ def fork_attention_triton(
     :func:`flide_ext.kernels.fork_attention.reference.fork_attention_ref` (head sizes up to
     :data:`MAX_HEAD_SIZE`).
 
-    ``tables``: the round's precomputed metadata
-    (:attr:`flide_ext.kernels.tables.KernelTables.attention`, built for this
-    model's tile shape); then the launch's grid is the tables' block count and
+    ``tables``: the round's precomputed metadata by block size
+    (:attr:`flide_ext.kernels.tables.KernelTables.attention`, holding this
+    layer's tile shape); then the launch's grid is the tables' block count and
     nothing is derived from the segment tensors here (CUDA graphs).
 
     ``kv_index``: ``[Tk']`` int32/int64 pool row of each key-array position; then
@@ -206,10 +206,12 @@ def fork_attention_triton(
     the tensor cores with float32 accumulation.
 
     Raises:
-        ValueError: a head size over :data:`MAX_HEAD_SIZE`, or a segment path deeper than
-            ``PATH_DEPTH``. With a sliding window, positions must run contiguously
-            along each path (as :func:`flide_ext.plan.flat.plan_round` lays them out):
-            key tiles before the window's reach are skipped.
+        ValueError: a head size over :data:`MAX_HEAD_SIZE`, a segment path deeper than
+            ``PATH_DEPTH``, or ``tables`` without this layer's block size.
+
+    With a sliding window, positions must run contiguously along each path (as
+    :func:`flide_ext.plan.flat.plan_round` lays them out): key tiles before the
+    window's reach are skipped.
     """
     T, Hq, D = q.shape
     Hkv, DV = k.shape[1], v.shape[2]
@@ -227,6 +229,11 @@ def fork_attention_triton(
     if tables is None:
         tables = round_cache.get(("fork_attention", tokens_per_block), plan,
                                  lambda: _build_metadata(*plan, tokens_per_block))
+    elif tokens_per_block in tables:
+        tables = tables[tokens_per_block]
+    else:
+        raise ValueError(f"the round's tables hold ForkAttention blocks of {sorted(tables)} rows, not this layer's "
+                         f"{tokens_per_block} (head size {D}, {group} query heads per key head)")
     total, block_seg, block_row, starts, lens, own, path_kv, path_offset, path_len = tables
     if total == 0:
         return out
