@@ -31,6 +31,10 @@ def _flags():
         ("--residual-dtype", "DTYPE", None,
          "the residual stream's dtype in a bf16 / fp16 model: float32 (the default: no block's sum rounded) or "
          "model (the model's dtype, as a plain half-precision forward)"),
+        ("--execution-strategy", "NAME", None,
+         "how a request's questions run: flide (the default: forked from the state in one round) or prefix_cache "
+         "(as today's serving engines, for comparison: the state computed once into the state cache, then each "
+         "question as its own request resuming from it)"),
         ("--round-seconds", "S", float,
          "hold each round to about S seconds, from past rounds' seconds per stream token; the first waiting "
          f"request always goes (default: {served.round_seconds:g})"),

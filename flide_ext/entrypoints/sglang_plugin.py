@@ -46,7 +46,7 @@ MAPPED = {
     "log_level", "log_level_http", "max_body_mb", "body_read_timeout",
     "watchdog_timeout", "max_queued_requests", "request_timeout", "heartbeat_timeout", "round_seconds",
     "enable_deterministic_inference", "residual_dtype", "skip_server_warmup", "decode_log_interval",
-    "sleep_on_idle", "disable_overlap_schedule",
+    "sleep_on_idle", "disable_overlap_schedule", "execution_strategy",
 }
 # Accepted without effect: every response's usage reports its cached tokens,
 # with or without --enable-cache-report; the readout's logits are float32 with or
@@ -145,7 +145,8 @@ def serve_args(args: argparse.Namespace):
         **_capacity(args),
         **_cache(args),
         **{name: getattr(args, name) for name in ("log_level", "log_level_http") if getattr(args, name, None)},
-        **{name: getattr(args, name) for name in ("max_body_mb", "body_read_timeout", "decode_log_interval")
+        **{name: getattr(args, name) for name in ("max_body_mb", "body_read_timeout", "decode_log_interval",
+                                                  "execution_strategy")
            if getattr(args, name, None) is not None},
         **_liveness(args),
     )

@@ -32,6 +32,7 @@ from ..protocol.errors import FlideError
 from ..runtime.capacity import RoundCapacity
 from ..runtime.precision import RESIDUAL_DTYPES
 from .body_limits import BODY_READ_TIMEOUT_S, MAX_BODY_MB, body_limits
+from .prefix_strategy import SERVED_STRATEGIES
 
 _ROUND = RoundCapacity()  # the round-capacity defaults
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -82,6 +83,7 @@ class ServeArgs:
     decode_log_interval: int = 40  # SGLang's (its default): rounds per stats line
     sleep_on_idle: bool = False  # SGLang's: an idle scheduler blocks on its socket (else it polls, on CUDA devices)
     disable_overlap_schedule: bool = False  # SGLang's: rounds one at a time (else, on CUDA, the next is launched meanwhile)
+    execution_strategy: str = SERVED_STRATEGIES[0]  # prefix_cache: each question its own request (prefix_strategy.py)
 
 
 def serve(args: ServeArgs) -> None:
@@ -93,7 +95,7 @@ def serve(args: ServeArgs) -> None:
     Raises:
         FlideError: the model or tokenizer cannot be loaded, or the scheduler
             process exited while loading it; a round capacity below
-            1; an unknown log level; an unknown CUDA-graph mode, graphs on a CPU device, or a malformed
+            1; an unknown log level; an unknown decision strategy, or ``prefix_cache`` without the state cache; an unknown CUDA-graph mode, graphs on a CPU device, or a malformed
             graph capacity list; a bad state-cache flag (:func:`~.cache_args.cache_settings`); a body
             limit that is not a positive number (:func:`~.body_limits.body_limits`); a liveness or
             queue flag that is not a positive finite number (:func:`_limits`); an unknown
@@ -107,6 +109,12 @@ def serve(args: ServeArgs) -> None:
     # The flags first, before the server's imports: a bad one is one quick line.
     if args.residual_dtype not in (None, *RESIDUAL_DTYPES):
         raise FlideError(f"--residual-dtype must be one of {', '.join(RESIDUAL_DTYPES)}, not {args.residual_dtype!r}")
+    if args.execution_strategy not in SERVED_STRATEGIES:
+        raise FlideError(f"--execution-strategy must be one of {', '.join(SERVED_STRATEGIES)}, "
+                         f"not {args.execution_strategy!r}")
+    if args.execution_strategy == "prefix_cache" and args.disable_radix_cache:
+        raise FlideError("--execution-strategy prefix_cache resumes questions from the state cache: "
+                         "remove --disable-radix-cache")
     try:
         capacity = RoundCapacity(args.round_tokens, args.round_segments, args.max_round_requests)
     except ValueError as e:
@@ -214,7 +222,8 @@ def _http_server(args: ServeArgs, path: str, capacity: RoundCapacity, limits: di
     manager = TokenizerManager(tokenizer, ready.context_length, ready.vocab_size, addrs["work"], done, metrics, served,
                                capacity, resumes=bool(stats.get("enabled")),
                                max_queued_requests=limits["max_queued_requests"],
-                               request_timeout=limits["request_timeout"], abort_addr=addrs["abort"])
+                               request_timeout=limits["request_timeout"], abort_addr=addrs["abort"],
+                               strategy=args.execution_strategy)
     info = ServerInfo(path, args.served_model_name or args.model_path, ready.context_length, ready.vocab_size,
                       args.dtype, args.device, args.api_key, args.disable_radix_cache, stats.get("budget_bytes", 0),
                       stats.get("max_tokens", 0), limits["max_body_bytes"], limits["body_read_timeout"],

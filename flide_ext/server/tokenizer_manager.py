@@ -15,6 +15,7 @@ import itertools
 import math
 import time
 from contextvars import ContextVar
+from functools import partial
 from typing import List, Optional
 
 import numpy as np
@@ -30,6 +31,7 @@ from ..plan.tree import build_prefix_tree
 from ..runtime.rounds import tree_size
 from .io_struct import Abort, FlushCache, FlushCacheDone, RoundCut, ScoreDone, ScoreWork
 from .metrics import Metrics, RequestClock
+from .prefix_strategy import score_question_by_question
 from .request_ids import RID
 
 
@@ -81,12 +83,14 @@ class TokenizerManager:
             None: no limit); applied by the HTTP server, which owns the request.
         abort_addr: the scheduler's ZMQ PULL address for Aborts read while a
             round runs (:mod:`.withdrawals`); None: a running round is never cut.
+        strategy: ``--execution-strategy`` (``prefix_cache`` needs ``resumes``).
     """
 
     def __init__(self, tokenizer, context_length: int, vocab_size: int, work_addr: str, done_socket, metrics: Metrics,
                  served_model_name: str = "default", capacity: RoundCapacity = RoundCapacity(),
                  resumes: bool = False, max_queued_requests: Optional[int] = None,
-                 request_timeout: Optional[float] = None, abort_addr: Optional[str] = None):
+                 request_timeout: Optional[float] = None, abort_addr: Optional[str] = None,
+                 strategy: str = "flide"):
         from ..protocol.systemone import SystemOneRenderer
 
         self.tokenizer = tokenizer
@@ -112,6 +116,7 @@ class TokenizerManager:
         self.metrics = metrics
         self.capacity = capacity
         self.resumes = resumes
+        self.strategy = strategy
         # Why the scheduler can no longer answer (its process exited, stopped
         # answering, or a round passed the watchdog limit); None while it can.
         self.scheduler_error: Optional[str] = None
@@ -190,7 +195,7 @@ class TokenizerManager:
     async def score(self, prompts: List, labels: List[List[int]], field: str = "prompts",
                     over_labels: bool = False) -> ScoreDone:
         """Run one request's prompts in the scheduler's next round (resuming from
-        the state cache, and leaving its state there).
+        the state cache, and leaving its state there; ``prefix_cache``: :mod:`.prefix_strategy`).
 
         Args:
             prompts: token-id lists or ``[n]`` int64 arrays, checked against the
@@ -207,12 +212,19 @@ class TokenizerManager:
             SchedulerUnavailable: the scheduler failed or the server is
                 stopping (now or while the request waited), or the queue is full.
         """
+        if self.strategy == "prefix_cache":  # the questions' requests overlap: none is timed as the HTTP request
+            return await score_question_by_question(partial(self._score_round, timed=False), prompts, labels,
+                                                    field, over_labels)
+        return await self._score_round(prompts, labels, field, over_labels)
+
+    async def _score_round(self, prompts: List, labels: List[List[int]], field: str, over_labels: bool,
+                           timed: bool = True) -> ScoreDone:
         prompts = [np.asarray(p, dtype=np.int64) for p in prompts]
         tree = build_prefix_tree([0] * len(prompts), prompts)  # the one the HTTP process builds
         size = tree_size(tree, field)
         if not self.resumes:
             self.capacity.check(size, field)
-        clock = CLOCK.get()
+        clock = CLOCK.get() if timed else None
         if clock is not None:
             clock.lap("tokenize")
         request_id = RID.get()
