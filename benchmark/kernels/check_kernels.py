@@ -404,12 +404,14 @@ def model_logprobs(model, config, owners, prompts, device):
     from flide_ext.runtime.state_pool import StatePool
 
     plan = plan_round(owners, prompts, device)
-    recurrent_shape, conv_shape = model.gdn_state_shapes()
-    exact = device == "cpu"
-    dtype = model.model.embed_tokens.weight.dtype
-    pool = StatePool(recurrent_shape, conv_shape, model.num_gdn_layers, dtype, device,
-                     recurrent_dtype=torch.float64 if exact else torch.float32)
-    plan.assign_slots(pool.allocate(plan.num_segments))
+    pool = None
+    if model.num_gdn_layers:  # attention-only models (Gemma 4) have no GDN states
+        recurrent_shape, conv_shape = model.gdn_state_shapes()
+        exact = device == "cpu"
+        dtype = model.model.embed_tokens.weight.dtype
+        pool = StatePool(recurrent_shape, conv_shape, model.num_gdn_layers, dtype, device,
+                         recurrent_dtype=torch.float64 if exact else torch.float32)
+        plan.assign_slots(pool.allocate(plan.num_segments))
     with torch.inference_mode():
         out = model(plan, pool)
     return out[plan.prompt_readout].float().cpu()

@@ -66,6 +66,9 @@
 #               installed first (--install .whl-sglang: the examples' renderer imports its decision protocol)
 #   sources     benchmark/precision_sources.py in process on --model: each step in float32 in turn, MultiRC
 #               ($SOURCES_REQUESTS requests, default 16) -> $OUT/sources.tar.gz
+#   gemma4check benchmark/kernels/check_gemma4.py in process (no server may hold the GPU): Gemma 4's kernels at its
+#               head shapes against their references, alone == forked, tiny and E4B-shaped forwards against the CPU
+#               float32 reference ($GEMMA4_ARGS, e.g. --skip-e4b) -> $OUT/check_gemma4.tar.gz
 #   invariance  benchmark/check_invariance.py in process ($INV_PROBES probe requests, default 12; $INV_OTHERS, the
 #               other requests' counts, default the script's), default mode and deterministic mode ($INV_MODES)
 #               -> $OUT/invariance.tar.gz
@@ -146,7 +149,7 @@ while [ $# -gt 0 ]; do
         --sglang-flags) SGLANG_FLAGS=$2; shift 2 ;;
         --port) PORT=$2; shift 2 ;;
         --keep-server) KEEP=1; shift ;;
-        checkpoint|flide|sglang|compare|inprocess|inprofile|abprofile|sweepconv|profile|sweep|fidelity|smollm2|sources|invariance|floor)
+        checkpoint|flide|sglang|compare|inprocess|inprofile|abprofile|sweepconv|profile|sweep|fidelity|smollm2|sources|gemma4check|invariance|floor)
             STEPS+=("$1"); shift ;;
         *) echo "run_h200.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -457,6 +460,17 @@ step_sources() {
         --sets multirc --requests "${SOURCES_REQUESTS:-16}" --out "$RESULTS/sources/multirc") > "$RESULTS/sources/multirc.log" 2>&1 || rc=1
     grep "^| " "$RESULTS/sources/multirc.log"
     tar -czf "$OUT/sources.tar.gz" -C "$RESULTS" sources
+    return $rc
+}
+
+step_gemma4check() {
+    flide_env
+    local rc=0
+    mkdir -p "$RESULTS/check_gemma4"
+    (cd /tmp && timeout "${GEMMA4_TIMEOUT:-480}" python3 "$REPO/benchmark/kernels/check_gemma4.py" ${GEMMA4_ARGS:-} \
+        --out "$RESULTS/check_gemma4/check_gemma4.json") > "$RESULTS/check_gemma4/check_gemma4.log" 2>&1 || rc=1
+    grep "^PASS\|^FAIL\|checks passed\|rror" "$RESULTS/check_gemma4/check_gemma4.log" | tail -n 30
+    tar -czf "$OUT/check_gemma4.tar.gz" -C "$RESULTS" check_gemma4
     return $rc
 }
 

@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import math
 import time
+from contextlib import nullcontext
 from contextvars import ContextVar
 from functools import partial
 from typing import List, Optional
@@ -32,6 +33,7 @@ from ..runtime.rounds import tree_size
 from .io_struct import Abort, FlushCache, FlushCacheDone, RoundCut, ScoreDone, ScoreWork
 from .metrics import Metrics, RequestClock
 from .prefix_strategy import score_question_by_question
+from .queue_slots import QueueSlots, SchedulerUnavailable
 from .request_ids import RID
 
 
@@ -52,14 +54,6 @@ class SchedulerError(RuntimeError):
     """The scheduler could not answer (HTTP 500)."""
 
 
-class SchedulerUnavailable(RuntimeError):
-    """The scheduler cannot take the request (HTTP 503): it failed (its process
-    exited, stopped answering, or a round passed the watchdog limit), the server
-    is stopping, or ``--max-queued-requests`` are already waiting."""
-
-
-# SGLang's answer when its waiting queue is full (with HTTP 503).
-QUEUE_FULL = "The request queue is full."
 
 
 class TokenizerManager:
@@ -77,7 +71,7 @@ class TokenizerManager:
             not this manager, refuses it.
         max_queued_requests: most requests sent to the scheduler and not yet
             answered (SGLang's ``--max-queued-requests``); one more is refused
-            at once (:data:`QUEUE_FULL`, HTTP 503). None: no limit.
+            at once (:data:`~.queue_slots.QUEUE_FULL`, HTTP 503). None: no limit.
         request_timeout: seconds a request may take, from when its body was
             read, before it is withdrawn and answered 504 (``--request-timeout``;
             None: no limit); applied by the HTTP server, which owns the request.
@@ -120,10 +114,8 @@ class TokenizerManager:
         # Why the scheduler can no longer answer (its process exited, stopped
         # answering, or a round passed the watchdog limit); None while it can.
         self.scheduler_error: Optional[str] = None
-        self.max_queued_requests = max_queued_requests
         self.request_timeout = request_timeout
-        self.queued = 0  # score requests sent and not yet answered or withdrawn
-        metrics.queued.set_function(lambda: self.queued)
+        self.slots = QueueSlots(max_queued_requests, metrics)  # client requests sent and not yet answered
         self.last_answer = 0.0  # time.monotonic() of the scheduler's latest answer
         self._receiver: Optional[asyncio.Task] = None
 
@@ -163,34 +155,29 @@ class TokenizerManager:
 
     async def _ask(self, make, queued: bool = False):
         # Send make(rid) to the scheduler and await the answer with that rid;
-        # ``queued`` (a client's score request) counts it against
-        # --max-queued-requests and, withdrawn, as aborted. Cancelled (its
-        # client went away, or it timed out), it is withdrawn from the scheduler.
+        # ``queued`` (a client's score request, not /health_generate's probe nor
+        # a part of a client's request) holds a queue slot. Cancelled (its client
+        # went away, or it timed out), it is withdrawn from the scheduler.
         if self.scheduler_error is not None:
             raise SchedulerUnavailable(self.scheduler_error)
-        if queued and self.max_queued_requests is not None and self.queued >= self.max_queued_requests:
-            raise SchedulerUnavailable(QUEUE_FULL)
-        self.start()
-        rid = next(self.rids)
-        future = asyncio.get_running_loop().create_future()
-        self.pending[rid] = future
-        self.queued += queued
-        try:
-            await self.work.send_pyobj(make(rid))
-            return await future
-        except asyncio.CancelledError:
-            # Not sent yet, waiting or running (cancelling the task cancelled the
-            # future too): the scheduler drops it if it still waits, and stops its
-            # running round if no other request of it is awaited.
-            self.work.send_pyobj(Abort(rid))  # not awaited: a cancelled task sends without waiting
-            if self.aborts is not None:
-                self.aborts.send_pyobj(Abort(rid))
-            if queued:  # a client's request; not /health_generate's probe, withdrawn once anything answered
-                self.metrics.aborted.inc()
-            raise
-        finally:
-            self.pending.pop(rid, None)
-            self.queued -= queued
+        with self.slots.held() if queued else nullcontext():
+            self.start()
+            rid = next(self.rids)
+            future = asyncio.get_running_loop().create_future()
+            self.pending[rid] = future
+            try:
+                await self.work.send_pyobj(make(rid))
+                return await future
+            except asyncio.CancelledError:
+                # Not sent yet, waiting or running (cancelling the task cancelled the
+                # future too): the scheduler drops it if it still waits, and stops its
+                # running round if no other request of it is awaited.
+                self.work.send_pyobj(Abort(rid))  # not awaited: a cancelled task sends without waiting
+                if self.aborts is not None:
+                    self.aborts.send_pyobj(Abort(rid))
+                raise
+            finally:
+                self.pending.pop(rid, None)
 
     async def score(self, prompts: List, labels: List[List[int]], field: str = "prompts",
                     over_labels: bool = False) -> ScoreDone:
@@ -212,25 +199,26 @@ class TokenizerManager:
             SchedulerUnavailable: the scheduler failed or the server is
                 stopping (now or while the request waited), or the queue is full.
         """
-        if self.strategy == "prefix_cache":  # the questions' requests overlap: none is timed as the HTTP request
-            return await score_question_by_question(partial(self._score_round, timed=False), prompts, labels,
-                                                    field, over_labels)
+        if self.strategy == "prefix_cache":  # one slot, one count; its parts (the state, each question) neither
+            with self.slots.held():
+                return await score_question_by_question(partial(self._score_round, part=True), prompts, labels,
+                                                        field, over_labels, CLOCK.get(), self.metrics)
         return await self._score_round(prompts, labels, field, over_labels)
 
     async def _score_round(self, prompts: List, labels: List[List[int]], field: str, over_labels: bool,
-                           timed: bool = True) -> ScoreDone:
+                           part: bool = False) -> ScoreDone:
         prompts = [np.asarray(p, dtype=np.int64) for p in prompts]
         tree = build_prefix_tree([0] * len(prompts), prompts)  # the one the HTTP process builds
         size = tree_size(tree, field)
         if not self.resumes:
             self.capacity.check(size, field)
-        clock = CLOCK.get() if timed else None
+        clock = None if part else CLOCK.get()
         if clock is not None:
             clock.lap("tokenize")
         request_id = RID.get()
         done: ScoreDone = await self._ask(lambda rid: ScoreWork.pack(rid, prompts, labels, size, field,
                                                                      tree.shared_tokens, request_id, over_labels),
-                                          queued=True)
+                                          queued=not part)
         if clock is not None:
             clock.stages.update(done.stages)
             clock.lap("transport")  # the whole round trip, less the scheduler's stages
@@ -239,7 +227,8 @@ class TokenizerManager:
             raise RequestError(done.error_field, done.error)
         if done.error:
             raise SchedulerError(done.error)
-        self.metrics.tokens(sum(len(p) for p in prompts), done.stream_tokens, done.cached_tokens)
+        if not part:
+            self.metrics.tokens(sum(len(p) for p in prompts), done.stream_tokens, done.cached_tokens)
         return done
 
     async def flush_cache(self) -> FlushCacheDone:

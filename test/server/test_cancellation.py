@@ -372,7 +372,7 @@ def test_a_withdrawn_health_probe_is_no_aborted_request(char_model_dir, tmp_path
         done.close(linger=0)
         work.close(linger=0)
         silent.destroy(linger=0)
-        return metrics.registry.get_sample_value("flide_aborted_requests_total"), manager.queued
+        return metrics.registry.get_sample_value("flide_aborted_requests_total"), manager.slots.count
 
     aborted, queued = asyncio.run(run())
     assert (aborted, queued) == (1, 0)

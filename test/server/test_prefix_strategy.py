@@ -20,22 +20,35 @@ from test.helpers.processes import quiet_env, serving
 
 @pytest.fixture(scope="module")
 def prefix_server(char_model_dir, tmp_path_factory):
+    """Rounds of at most 1,000 tokens, at most 2 requests queued."""
     yield from serving([sys.executable, "-m", "sglang.launch_server", "--decision-mode", "--model-path",
-                        str(char_model_dir), "--device", "cpu", "--context-length", "400",
+                        str(char_model_dir), "--device", "cpu", "--context-length", "2000",
+                        "--max-prefill-tokens", "1000", "--max-queued-requests", "2",
                         "--execution-strategy", "prefix_cache"], tmp_path_factory.mktemp("prefix"))
+
+
+def _metric(url, name):
+    for line in requests.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
 
 
 def test_prefix_cache_answers_as_the_engine_and_resumes_each_question(prefix_server, char_model_dir):
     """A 150-token state and three items: each item's label log-probabilities
     equal the engine's forked answers bit for bit (the CPU reference), and every question resumed
     the state's checkpoint (128 tokens each: the 150-token shared prefix cut to a
-    multiple of 64); a decision request answers as the engine too."""
+    multiple of 64); a decision request answers as the engine too. Three
+    questions pass --max-queued-requests 2 (the request holds one slot), and the
+    prompt tokens counted are the request's own."""
     engine = Engine(str(char_model_dir), context_length=400)
     query = [3 + (i * 7) % 90 for i in range(150)]
     items = [[5, 6], [7], [8, 9, 10]]
     body = {"query": query, "items": items, "label_token_ids": [1, 2, 3], "return_token_logprobs": True}
+    before = _metric(prefix_server, "flide_prompt_tokens_total")
     got = requests.post(f"{prefix_server}/v1/score", json=body)
     assert got.status_code == 200, got.text
+    assert _metric(prefix_server, "flide_prompt_tokens_total") - before == got.json()["usage"]["prompt_tokens"] == 456
     want = engine.score_tokens({"prompts": [query + item for item in items], "label_token_ids": [1, 2, 3]})
     assert got.json()["token_logprobs"] == want.label_logprobs
     assert got.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 3 * 128
@@ -50,9 +63,16 @@ def test_prefix_cache_answers_as_the_engine_and_resumes_each_question(prefix_ser
 
 
 def test_a_refused_question_is_a_400_naming_its_field(prefix_server):
+    """Bad ids, and a state larger than a round: 400 naming the field, the
+    latter saying the state was refused; the server goes on."""
     r = requests.post(f"{prefix_server}/v1/score", json={"query": [5, 6, 7], "items": [[8], [10**6]],
                                                          "label_token_ids": [1, 2]})
     assert r.status_code == 400 and r.json()["param"] == "items[1]", r.text
+    r = requests.post(f"{prefix_server}/v1/score", json={"query": [6] * 1100, "items": [[1] * 5, [2] * 5],
+                                                         "label_token_ids": [1, 2]})
+    assert r.status_code == 400 and r.json()["param"] == "items", r.text
+    assert "the request's shared state (1089 tokens, run first under --execution-strategy prefix_cache)" in \
+        r.json()["message"], r.text
     ok = requests.post(f"{prefix_server}/v1/score", json={"query": [5, 6, 7], "items": [[8]], "label_token_ids": [1]})
     assert ok.status_code == 200
 
@@ -60,8 +80,14 @@ def test_a_refused_question_is_a_400_naming_its_field(prefix_server):
 def test_question_by_question_merges_the_answers_in_order():
     """Unit: the state request first (one token past its checkpoint position, one
     label), then one request per question; the answers back in the questions'
-    order, stream tokens counting the state's request, cached tokens summed."""
-    sent = []
+    order, stream tokens counting the state's request, cached tokens summed; the
+    HTTP request's clock gets its tokenize and transport stages and the metrics
+    its own prompt tokens, once."""
+    from types import SimpleNamespace
+
+    sent, laps, counted = [], [], []
+    clock = SimpleNamespace(lap=laps.append)
+    metrics = SimpleNamespace(tokens=lambda *a: counted.append(a))
 
     async def score_round(prompts, labels, field, over_labels):
         sent.append((list(prompts[0]), labels, over_labels))
@@ -71,7 +97,8 @@ def test_question_by_question_merges_the_answers_in_order():
 
     state = list(range(70))
     prompts = [state + [1], state + [2, 3]]
-    done = asyncio.run(score_question_by_question(score_round, prompts, [[4, 5], [6]], "items", False))
+    done = asyncio.run(score_question_by_question(score_round, prompts, [[4, 5], [6]], "items", False, clock, metrics))
+    assert laps == ["tokenize", "transport"] and counted == [(71 + 72, 65 + 71 + 72, 128)]
     assert sent[0] == (state[:65], [[4]], True)
     assert [s[0] for s in sent[1:]] == prompts and [s[1] for s in sent[1:]] == [[[4, 5]], [[6]]]
     assert done.label_logprobs == [[71.0], [72.0]]
