@@ -32,7 +32,7 @@ from ..plan.tree import build_prefix_tree
 from ..runtime.rounds import tree_size
 from .io_struct import Abort, FlushCache, FlushCacheDone, RoundCut, ScoreDone, ScoreWork
 from .metrics import Metrics, RequestClock
-from .prefix_strategy import score_question_by_question
+from .prefix_strategy import SERVED_STRATEGIES, score_question_by_question
 from .queue_slots import QueueSlots, SchedulerUnavailable
 from .request_ids import RID
 
@@ -52,8 +52,6 @@ INLINE_BODY_BYTES = 16 * 1024
 
 class SchedulerError(RuntimeError):
     """The scheduler could not answer (HTTP 500)."""
-
-
 
 
 class TokenizerManager:
@@ -84,7 +82,7 @@ class TokenizerManager:
                  served_model_name: str = "default", capacity: RoundCapacity = RoundCapacity(),
                  resumes: bool = False, max_queued_requests: Optional[int] = None,
                  request_timeout: Optional[float] = None, abort_addr: Optional[str] = None,
-                 strategy: str = "flide"):
+                 strategy: str = SERVED_STRATEGIES[0]):
         from ..protocol.systemone import SystemOneRenderer
 
         self.tokenizer = tokenizer
