@@ -17,7 +17,7 @@ def _flags():
     return (
         ("--state-cache-gb", "GB", None,
          "the state cache's memory in GiB (2**30 bytes); wins over --mem-fraction-static (default: 40%% of the GPU "
-         "memory free after the weights, 256 MiB on the CPU)"),
+         "memory free after the weights and one round's working pools, 256 MiB on the CPU)"),
         ("--max-body-mb", "MB", None,
          f"largest request body in MiB (2**20 bytes); a larger one is refused with 413 "
          f"(default: {served.max_body_mb:g})"),

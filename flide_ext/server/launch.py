@@ -249,7 +249,7 @@ def _http_server(args: ServeArgs, path: str, capacity: RoundCapacity, limits: di
                 host = f"[{args.host}]" if ":" in args.host else args.host
                 port = self.servers[0].sockets[0].getsockname()[1] if self.servers else args.port  # --port 0's too
                 logger.info(ready_line(f"http://{host}:{port}", served, args.dtype, ready.info,
-                                       time.perf_counter() - launched))
+                                       time.perf_counter() - launched, args.execution_strategy))
             gc.collect()  # as the scheduler does once loaded (SGLang freezes its processes after warmup)
             gc.freeze()
 

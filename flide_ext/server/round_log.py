@@ -9,6 +9,8 @@ import logging
 import time
 from typing import Optional
 
+from .prefix_strategy import SERVED_STRATEGIES
+
 logger = logging.getLogger(__name__)
 
 GB, MB = 2 ** 30, 2 ** 20
@@ -32,7 +34,8 @@ def configure_logging(level: str) -> None:
     package.propagate = False
 
 
-def ready_line(url: str, model: str, dtype: str, info: dict, seconds: float) -> str:
+def ready_line(url: str, model: str, dtype: str, info: dict, seconds: float,
+               strategy: str = SERVED_STRATEGIES[0]) -> str:
     """The line the server logs once it answers requests.
 
     Args:
@@ -44,6 +47,7 @@ def ready_line(url: str, model: str, dtype: str, info: dict, seconds: float) -> 
             :func:`flide_ext.runtime.memory.memory_bytes`), ``load_seconds`` and
             ``warmup`` (:class:`~flide_ext.runtime.warmup.WarmupReport` fields, or None).
         seconds: the server's start-up time, from the launch to listening.
+        strategy: ``--execution-strategy``, named in the line when not the default.
     """
     memory = info.get("memory", {})
     graphs = info.get("graphs", {})
@@ -53,7 +57,8 @@ def ready_line(url: str, model: str, dtype: str, info: dict, seconds: float) -> 
             f"graphs: {graphs.get('count', 0)} captured in {graphs.get('seconds', 0.0):.1f} s, "
             f"memory: weights {_size(memory.get('weights', 0))}, states {_size(memory.get('states', 0))}, "
             f"cache {_size(memory.get('cache', 0))}, load: {info.get('load_seconds', 0.0):.1f} s, {warm}, "
-            f"start-up: {seconds:.1f} s")
+            f"start-up: {seconds:.1f} s"
+            + ("" if strategy == SERVED_STRATEGIES[0] else f", execution strategy: {strategy}"))
 
 
 class RoundStatsLog:

@@ -76,3 +76,5 @@ def test_the_ready_line_names_url_model_graphs_memory_and_times():
         "25.0 s, memory: weights 8.00 GB, states 512.0 MB, cache 20.00 GB, load: 12.3 s, warm-up: 16 rounds in "
         "9.9 s, start-up: 61.0 s")
     assert "warm-up: none" in ready_line("http://h:1", "m", "float32", {**info, "warmup": None}, 1.0)
+    assert ready_line("http://h:1", "m", "float32", info, 1.0, "prefix_cache").endswith(
+        "start-up: 1.0 s, execution strategy: prefix_cache")
