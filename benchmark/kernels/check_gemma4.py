@@ -23,10 +23,7 @@ Exit status 1 when a check fails; 2 with one line without CUDA.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -35,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import check_kernels as ck  # noqa: E402
-from check_kernels import BF16_TOL, FP32_TOL, check_model, plan_args, record, rel_err  # noqa: E402
+from check_kernels import BF16_TOL, FP32_TOL, check_model, plan_args, record, rel_err, run_steps  # noqa: E402
 from workloads import attention_inputs, workload_prompts  # noqa: E402
 
 from flide_ext.kernels.fork_attention import fork_attention_ref  # noqa: E402
@@ -145,18 +142,7 @@ def main() -> int:
         prompts = [p[:160] + p[375:391] for p in prompts]  # 160-token state, 16-token questions: CPU time
         steps.append(("E4B model", lambda: check_model("Gemma-4-E4B-shaped", shape_config("gemma4-e4b"), owners,
                                                        prompts)))
-    for label, step in steps:
-        t0 = time.time()
-        try:
-            step()
-        except Exception as e:
-            traceback.print_exc()
-            record(f"{label}: raised", repr(e)[:300], None, False)
-        print(f"step {label}: {time.time() - t0:.0f} s", flush=True)
-        Path(args.out).write_text(json.dumps({"device": ck.DEV, "checks": ck.results}, indent=1))
-    failed = [r["check"] for r in ck.results if not r["pass"]]
-    print(f"{len(ck.results) - len(failed)}/{len(ck.results)} checks passed", flush=True)
-    return 1 if failed else 0
+    return run_steps(steps, args.out, {"device": ck.DEV})
 
 
 if __name__ == "__main__":

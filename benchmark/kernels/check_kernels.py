@@ -489,8 +489,15 @@ def main() -> int:
         owners, prompts = workload_prompts("race", 1, vocab=248320)
         prompts = [p[:160] + p[375:391] for p in prompts]  # 160-token state, 16-token questions: CPU time
         steps.append(("4B model", lambda: check_model("Qwen3.5-4B-shaped", qwen35_config("qwen3.5-4b"), owners, prompts)))
+    return run_steps(steps, args.out, info, args.only)
+
+
+def run_steps(steps, out: str, info: dict, only=None) -> int:
+    """Run ``(label, step)`` pairs in turn (those whose label holds a word of
+    ``only``, when given), a step that raises recorded as failed; the results
+    rewritten to ``out`` after each. Returns the exit status: 1 when a check failed."""
     for label, step in steps:
-        if args.only and not any(word in label for word in args.only):
+        if only and not any(word in label for word in only):
             continue
         t0 = time.time()
         try:
@@ -499,7 +506,7 @@ def main() -> int:
             traceback.print_exc()
             record(f"{label}: raised", repr(e)[:300], None, False)
         print(f"step {label}: {time.time() - t0:.0f} s", flush=True)
-        Path(args.out).write_text(json.dumps({"info": info, "checks": results}, indent=1))
+        Path(out).write_text(json.dumps({"info": info, "checks": results}, indent=1))
     failed = [r["check"] for r in results if not r["pass"]]
     print(f"{len(results) - len(failed)}/{len(results)} checks passed", flush=True)
     return 1 if failed else 0

@@ -35,7 +35,7 @@ def check_gpu_support(model_class, name: str, device, config) -> None:
     Raises:
         ModelLoadError: naming the architecture and why.
     """
-    if torch.device(device).type != "cuda" or not hasattr(model_class, "gpu_gap"):
+    if torch.device(device).type != "cuda":
         return
     gap = model_class.gpu_gap(getattr(config, "text_config", None) or config)
     if gap:
